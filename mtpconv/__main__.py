@@ -1,0 +1,3 @@
+from mtpconv.cli import main
+
+main()

@@ -1,0 +1,151 @@
+"""``mtpconv.json``: the manifest of a ``-mtpfp8`` variant (DESIGN §5).
+
+The plugin reads it to decide how to build the drafter; ``publish`` reads it to
+verify that a directory is a complete, untampered variant. Schema (version 1)::
+
+    {
+      "format_version": 1,
+      "tool": {"name": "mtpconv", "version": "0.1.0"},
+      "source": {"path": "...", "repo_id": null, "revision": null,
+                 "files": {"model-00001-of-00002.safetensors": "<sha256>", ...}},
+      "family": "qwen3_5_moe",
+      "drafter": {
+        "prefix": "mtp.",                       # checkpoint-name prefix of the drafter
+        "fp8_linears": ["mtp.fc", "mtp.layers.0.self_attn.q_proj", ...],
+        "activation_scheme": "dynamic",
+        "weight_scheme": "per_tensor"
+      },
+      "draft_vocab": null | {"size": K, "file": "mtp_draft_vocab_ids.pt", "sha256": "...",
+                              "head_tensor": "mtp.draft_lm_head.weight", "head_dtype": "fp8"|"bf16",
+                              "coverage": 0.97, "corpus": {...}},
+      "quantization_error": {"mtp.fc": {"rel_l2": ..., "max_abs": ..., "amax": ...}, ...},
+      "files": {"relative/path": "<sha256>", ...}   # every file of the variant but this one
+    }
+
+Names in ``fp8_linears`` are checkpoint names (with any ``model.language_model.``
+prefix as stored), without the ``.weight`` suffix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mtpconv import __version__
+from mtpconv.errors import ManifestError
+
+MANIFEST_NAME = "mtpconv.json"
+DRAFT_VOCAB_IDS_NAME = "mtp_draft_vocab_ids.pt"
+DRAFT_HEAD_NAME = "mtp.draft_lm_head"
+FORMAT_VERSION = 1
+_HASH_CHUNK = 8 << 20
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in 8 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class DrafterSection:
+    prefix: str
+    fp8_linears: list[str]
+    activation_scheme: str = "dynamic"
+    weight_scheme: str = "per_tensor"
+
+
+@dataclass
+class DraftVocabSection:
+    size: int
+    file: str
+    sha256: str
+    head_tensor: str
+    head_dtype: str
+    coverage: float | None = None
+    corpus: dict[str, Any] | None = None
+
+
+@dataclass
+class Manifest:
+    source: dict[str, Any]
+    family: str
+    drafter: DrafterSection
+    draft_vocab: DraftVocabSection | None = None
+    quantization_error: dict[str, dict[str, float]] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    tool: dict[str, str] = field(default_factory=lambda: {"name": "mtpconv", "version": __version__})
+
+    def to_json(self) -> str:
+        doc = asdict(self)
+        order = ["format_version", "tool", "source", "family", "drafter", "draft_vocab",
+                 "quantization_error", "files"]  # fmt: skip
+        return json.dumps({k: doc[k] for k in order}, indent=2) + "\n"
+
+
+def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> Path:
+    """Write ``mtpconv.json`` into ``directory`` (fsynced)."""
+    path = Path(directory) / MANIFEST_NAME
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(manifest.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+def parse_manifest(doc: Any, where: str = MANIFEST_NAME) -> Manifest:
+    """Validate a decoded ``mtpconv.json`` document into a :class:`Manifest`."""
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{where} is not a JSON object; re-run `mtpconv quantize-mtp`.")
+    version = doc.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ManifestError(
+            f"{where} has format_version {version!r}; this mtpconv reads version "
+            f"{FORMAT_VERSION}. Upgrade mtpconv or re-run `mtpconv quantize-mtp`."
+        )
+    try:
+        drafter = DrafterSection(**doc["drafter"])
+        dv = doc.get("draft_vocab")
+        draft_vocab = DraftVocabSection(**dv) if dv is not None else None
+        return Manifest(
+            source=dict(doc["source"]),
+            family=str(doc["family"]),
+            drafter=drafter,
+            draft_vocab=draft_vocab,
+            quantization_error=dict(doc.get("quantization_error", {})),
+            files=dict(doc.get("files", {})),
+            format_version=version,
+            tool=dict(doc.get("tool", {})),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ManifestError(f"{where} is malformed ({exc}); re-run `mtpconv quantize-mtp`.") from exc
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> Manifest | None:
+    """The manifest of ``directory``, or None when it has none."""
+    path = Path(directory) / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path} cannot be read as JSON ({exc}).") from exc
+    return parse_manifest(doc, str(path))
+
+
+def verify_files(directory: str | os.PathLike[str], manifest: Manifest) -> list[str]:
+    """Relative paths whose sha256 differs from the manifest, or that are missing."""
+    bad = []
+    for rel, digest in manifest.files.items():
+        path = Path(directory) / rel
+        if not path.is_file() or sha256_file(path) != digest:
+            bad.append(rel)
+    return bad
