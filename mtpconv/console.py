@@ -1,0 +1,121 @@
+"""Everything that prints: a rich console on stderr, progress bars, JSON on stdout.
+
+Library modules never print; they return records and accept an optional
+progress callback. Only ``cli.py`` and this module import rich.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+out_console = Console(highlight=False, soft_wrap=True)
+
+_state = {"quiet": False}
+
+
+def set_quiet(quiet: bool) -> None:
+    _state["quiet"] = quiet
+
+
+def is_quiet() -> bool:
+    return _state["quiet"]
+
+
+class ProgressCallback(Protocol):
+    """What long-running library functions call: ``advance(n)`` units of ``total``."""
+
+    def start(self, description: str, total: int) -> None: ...
+
+    def advance(self, n: int) -> None: ...
+
+
+class _NullProgress:
+    def start(self, description: str, total: int) -> None:
+        pass
+
+    def advance(self, n: int) -> None:
+        pass
+
+
+class _RichProgress:
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._task: Any = None
+
+    def start(self, description: str, total: int) -> None:
+        if self._task is not None:
+            self._progress.update(self._task, completed=self._progress.tasks[0].total)
+        self._task = self._progress.add_task(description, total=total)
+
+    def advance(self, n: int) -> None:
+        if self._task is not None:
+            self._progress.advance(self._task, n)
+
+
+@contextmanager
+def byte_progress() -> Iterator[ProgressCallback]:
+    """A bytes progress bar on a terminal; silent when quiet or not a TTY."""
+    if is_quiet() or not err_console.is_terminal:
+        yield _NullProgress()
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+               TransferSpeedColumn(), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, console=err_console, transient=False) as progress:
+        yield _RichProgress(progress)
+
+
+@contextmanager
+def count_progress(unit: str = "items") -> Iterator[ProgressCallback]:
+    """A counting progress bar (e.g. tokens) on a terminal; silent otherwise."""
+    if is_quiet() or not err_console.is_terminal:
+        yield _NullProgress()
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+               TextColumn(f"{{task.completed:,.0f}} {unit}"), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, console=err_console, transient=False) as progress:
+        yield _RichProgress(progress)
+
+
+def info(message: str) -> None:
+    """A hint or notice on stderr (suppressed by --quiet)."""
+    if not is_quiet():
+        err_console.print(escape(message))
+
+
+def warn(message: str) -> None:
+    err_console.print(f"[yellow]Warning:[/yellow] {escape(message)}")
+
+
+def error(message: str) -> None:
+    err_console.print(f"[red]Error:[/red] {escape(message)}")
+
+
+def emit_json(doc: Any) -> None:
+    """One JSON document on stdout (data goes to stdout, everything else to stderr)."""
+    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
