@@ -1,0 +1,1 @@
+"""Where bytes come from and where they go: sources, safetensors headers, the writer."""

@@ -1,0 +1,143 @@
+"""The weight map of a local checkpoint: which tensor lives in which shard.
+
+Accepts ``model.safetensors.index.json`` + shards, or safetensors files without
+an index (a single ``model.safetensors`` is the common case). Validates the
+index against the shard headers before anything else happens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from mtpconv.checkpoint.safetensors_io import SafetensorsHeader, TensorInfo, read_header
+from mtpconv.errors import CheckpointFormatError, SourceError
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+@dataclass
+class CheckpointFiles:
+    """Validated headers of every shard and the tensor -> shard map."""
+
+    directory: Path
+    index_file: str | None
+    index_metadata: dict[str, Any]
+    shards: dict[str, SafetensorsHeader]
+    weight_map: dict[str, str]
+    tensors: dict[str, TensorInfo] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tensors = {
+            name: self.shards[file].tensors[name] for name, file in self.weight_map.items()
+        }
+
+    @property
+    def total_tensor_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+def _load_index(path: Path) -> dict[str, Any]:
+    def no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise CheckpointFormatError(
+                    f"{path.name} lists {key!r} twice; the index is corrupt. Re-export it."
+                )
+            out[key] = value
+        return out
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=no_dupes)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointFormatError(f"cannot read {path}: {exc}.") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise CheckpointFormatError(f"{path.name} is not valid JSON ({exc}).") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
+        raise CheckpointFormatError(
+            f"{path.name} is not a safetensors index: it needs a \"weight_map\" object."
+        )
+    return doc
+
+
+def _check_shard_path(directory: Path, rel: str, link_root: Path | None) -> Path:
+    """Refuse shard paths that leave the checkpoint (absolute, ``..``, outside links)."""
+    if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
+        raise CheckpointFormatError(f"{INDEX_NAME} names an invalid shard path {rel!r}.")
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or ".." in pure.parts:
+        raise CheckpointFormatError(
+            f"{INDEX_NAME} names shard {rel!r}, which is outside the checkpoint directory."
+        )
+    path = directory / rel
+    root = (link_root or directory).resolve()
+    real = Path(os.path.realpath(path))
+    if path.exists() and root not in real.parents and real != root:
+        raise CheckpointFormatError(
+            f"shard {rel!r} is a link to {real}, outside the checkpoint directory; "
+            "copy the file into the checkpoint instead."
+        )
+    return path
+
+
+def load_checkpoint_files(
+    directory: str | os.PathLike[str], *, link_root: Path | None = None
+) -> CheckpointFiles:
+    """Validate every shard header and the index of a local checkpoint directory.
+
+    ``link_root`` widens where shard symlinks may point (the Hugging Face cache
+    keeps snapshot files as links into its blob store).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise SourceError(f"{directory} is not a directory.")
+    index_path = directory / INDEX_NAME
+    if index_path.is_file():
+        doc = _load_index(index_path)
+        raw_map: dict[str, Any] = doc["weight_map"]
+        if not raw_map or any(not isinstance(f, str) for f in raw_map.values()):
+            raise CheckpointFormatError(
+                f"{INDEX_NAME}: weight_map must map every tensor name to a shard file name."
+            )
+        files = sorted(set(raw_map.values()))
+        shards: dict[str, SafetensorsHeader] = {}
+        for rel in files:
+            path = _check_shard_path(directory, rel, link_root)
+            if not path.is_file():
+                raise CheckpointFormatError(
+                    f"{INDEX_NAME} names shard {rel!r}, which is missing from {directory}."
+                )
+            shards[rel] = read_header(path, file=rel)
+        weight_map: dict[str, str] = {}
+        for name, rel in raw_map.items():
+            if name not in shards[rel].tensors:
+                raise CheckpointFormatError(
+                    f"{INDEX_NAME} puts tensor {name!r} in {rel}, but that shard has no such "
+                    "tensor; the index does not match the shards."
+                )
+            weight_map[name] = rel
+        meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+        return CheckpointFiles(directory, INDEX_NAME, dict(meta or {}), shards, weight_map)
+
+    candidates = sorted(p.name for p in directory.glob("*.safetensors") if p.is_file())
+    if not candidates:
+        raise SourceError(
+            f"{directory} has no safetensors weights (no {INDEX_NAME} and no *.safetensors)."
+        )
+    shards = {}
+    weight_map = {}
+    for rel in candidates:
+        _check_shard_path(directory, rel, link_root)
+        shards[rel] = read_header(directory / rel, file=rel)
+        for name in shards[rel].tensors:
+            if name in weight_map:
+                raise CheckpointFormatError(
+                    f"tensor {name!r} is in both {weight_map[name]} and {rel}; "
+                    f"add a {INDEX_NAME} or remove the duplicate file."
+                )
+            weight_map[name] = rel
+    return CheckpointFiles(directory, None, {}, shards, weight_map)
