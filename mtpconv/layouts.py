@@ -1,0 +1,277 @@
+"""Which tensors form the MTP drafter, per model family (DESIGN §4).
+
+Detection uses the config's keys and the tensor names together, never one
+hard-coded list. The result says which tensors are the drafter, which of them
+are linears to quantize (and how they are stored), and where the target's
+embedding and LM head live.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mtpconv.checkpoint.safetensors_io import FLOAT_DTYPES, TensorInfo
+from mtpconv.errors import LayoutError
+
+TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.")
+
+QWEN35_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+DEEPSEEK_TYPES = {"deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "kimi_k2"}
+MIMO_TYPES = {"mimo"}
+
+# Last name component of modules that are never quantized even when 2-D.
+_NOT_LINEAR = {"embed_tokens", "gate", "shared_expert_gate", "head", "lm_head",
+               "draft_lm_head", "e_score_correction_bias"}  # fmt: skip
+_LINEAR_NAME = re.compile(r"(_proj|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_proj)$")
+_FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A drafter linear: its weight tensor and how it is stored."""
+
+    module: str  # checkpoint name without parameter suffix
+    weight: str  # tensor name holding the weight
+    stored: str  # "plain" | "nvfp4" | "fp8"
+    shape: tuple[int, ...]  # logical [out, in] (or [E, a, b] for fused experts)
+    aux: tuple[str, ...] = ()  # scale tensors that belong to the stored format
+
+    @property
+    def fp8_scale_name(self) -> str:
+        """Name of the float32 scale the variant stores next to the FP8 weight."""
+        if self.weight.endswith(".weight"):
+            return self.weight[: -len("weight")] + "weight_scale"
+        return self.weight + "_scale"
+
+
+@dataclass
+class MtpLayout:
+    """The drafter of one checkpoint."""
+
+    family: str
+    model_type: str
+    text_prefix: str
+    drafter_prefixes: tuple[str, ...]
+    drafter_tensors: list[str]
+    linears: list[Linear]
+    declared_layers: int | None
+    found_layers: int
+    embedding: str | None
+    lm_head: str | None
+    tie_word_embeddings: bool
+    hidden_size: int | None
+    vocab_size: int | None
+    num_experts: int | None = None
+    experts_per_token: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_drafter(self) -> bool:
+        return bool(self.drafter_tensors)
+
+    def is_drafter(self, name: str) -> bool:
+        return name.startswith(self.drafter_prefixes)
+
+
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's config (``text_config`` of a VLM, else the config)."""
+    sub = config.get("text_config")
+    return sub if isinstance(sub, Mapping) else config
+
+
+def _int(cfg: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def module_of(tensor: str) -> str:
+    """``a.b.weight`` -> ``a.b``; fused-expert tensors have no suffix to strip."""
+    for suffix in (".weight", ".weight_scale", ".weight_scale_2", ".input_scale", ".bias"):
+        if tensor.endswith(suffix):
+            return tensor[: -len(suffix)]
+    return tensor
+
+
+def classify_weight(name: str, tensors: Mapping[str, TensorInfo]) -> tuple[str, tuple[str, ...]]:
+    """How a weight tensor is stored: ("nvfp4"|"fp8"|"plain"|"other", its scale tensors)."""
+    info = tensors[name]
+    module = module_of(name)
+    if info.dtype == "U8" and f"{module}.weight_scale" in tensors:
+        aux = tuple(
+            f"{module}.{s}"
+            for s in ("weight_scale", "weight_scale_2", "input_scale")
+            if f"{module}.{s}" in tensors
+        )
+        return "nvfp4", aux
+    if info.dtype in ("F8_E4M3", "F8_E5M2"):
+        aux = tuple(
+            n for n in (f"{module}.weight_scale", f"{module}.input_scale", f"{name}_scale")
+            if n in tensors
+        )
+        return "fp8", aux
+    if info.dtype in FLOAT_DTYPES:
+        return "plain", ()
+    return "other", ()
+
+
+def _is_linear_weight(name: str, info: TensorInfo) -> bool:
+    if _FUSED_EXPERTS.search(name):
+        return len(info.shape) == 3
+    if not name.endswith(".weight") or len(info.shape) != 2:
+        return False
+    last = module_of(name).rsplit(".", 1)[-1]
+    return last not in _NOT_LINEAR and bool(_LINEAR_NAME.search(last))
+
+
+def linear_modules(tensors: Mapping[str, TensorInfo]) -> dict[str, str]:
+    """Every linear-like module of a checkpoint -> how it is stored.
+
+    Linear-like: a 2-D+ weight that vLLM builds as a (possibly quantized)
+    linear layer. Embeddings, norms and routers are left out because vLLM never
+    quantizes them, so a config need not exclude them.
+    """
+    out: dict[str, str] = {}
+    for name, info in tensors.items():
+        if name.endswith((".weight_scale", ".weight_scale_2", ".input_scale", "_scale")):
+            continue
+        is_weight = name.endswith(".weight") or _FUSED_EXPERTS.search(name)
+        if not is_weight or len(info.shape) < 2:
+            continue
+        last = module_of(name).rsplit(".", 1)[-1]
+        if last in {"embed_tokens", "gate", "shared_expert_gate", "e_score_correction_bias"}:
+            continue
+        stored, _ = classify_weight(name, tensors)
+        out[module_of(name)] = stored
+    return out
+
+
+def strip_text_prefix(name: str) -> tuple[str, str]:
+    """(prefix, rest) for names under a VLM's language model."""
+    for prefix in TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return prefix, name[len(prefix) :]
+    return "", name
+
+
+def _find_head_and_embedding(names: list[str]) -> tuple[str | None, str | None]:
+    embedding = next(
+        (n for n in names if strip_text_prefix(n)[1] in ("embed_tokens.weight",
+                                                           "model.embed_tokens.weight")),
+        None,
+    )  # fmt: skip
+    lm_head = next((n for n in names if n == "lm_head.weight"), None) or next(
+        (n for n in names if n.endswith(".lm_head.weight") and "mtp" not in n), None
+    )
+    return embedding, lm_head
+
+
+def detect_layout(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo]) -> MtpLayout:
+    """The MTP layout of a checkpoint from its config and tensor headers."""
+    tcfg = text_config(config)
+    model_type = str(config.get("model_type") or tcfg.get("model_type") or "unknown")
+    text_type = str(tcfg.get("model_type") or model_type)
+    names = list(tensors)
+    n_layers = _int(tcfg, "num_hidden_layers")
+    embedding, lm_head = _find_head_and_embedding(names)
+    tie = bool(tcfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+
+    types = {model_type, text_type}
+    mtp_names = [n for n in names if strip_text_prefix(n)[1].startswith("mtp.")]
+    layered = _deepseek_drafter(names, n_layers)
+
+    if types & MIMO_TYPES or any(n.startswith("model.mtp_layers.") for n in names):
+        family = "mimo"
+        prefixes: tuple[str, ...] = ("model.mtp_layers.",)
+        declared = _int(tcfg, "num_nextn_predict_layers")
+    elif types & DEEPSEEK_TYPES or layered:
+        family = text_type if text_type in DEEPSEEK_TYPES else "deepseek_v3"
+        declared = _int(tcfg, "num_nextn_predict_layers")
+        start = n_layers or 0
+        count = declared if declared is not None else len(layered)
+        prefixes = tuple(f"model.layers.{start + i}." for i in range(count)) or ("\0",)
+    else:
+        declared = _int(tcfg, "mtp_num_hidden_layers", "num_nextn_predict_layers")
+        text_prefix = strip_text_prefix(mtp_names[0])[0] if mtp_names else ""
+        prefixes = (f"{text_prefix}mtp.",)
+        if "hc_count" in tcfg or any(".mtp.fc_embedding" in f".{n}" for n in mtp_names):
+            family = "qwen4exp"
+        elif "qwen3_next" in types:
+            family = "qwen3_next"
+        elif types & QWEN35_TYPES:
+            is_moe = "moe" in text_type or _int(tcfg, "num_experts") is not None
+            family = "qwen3_5_moe" if is_moe else "qwen3_5"
+        elif mtp_names:
+            family = "generic_mtp"
+        else:
+            family = "unknown"
+
+    drafter = [n for n in names if n.startswith(prefixes)]
+    layout = MtpLayout(
+        family=family,
+        model_type=model_type,
+        text_prefix=strip_text_prefix(drafter[0])[0] if drafter else "",
+        drafter_prefixes=prefixes,
+        drafter_tensors=drafter,
+        linears=_drafter_linears(drafter, tensors),
+        declared_layers=declared,
+        found_layers=_count_layers(family, drafter, n_layers),
+        embedding=embedding,
+        lm_head=lm_head,
+        tie_word_embeddings=tie,
+        hidden_size=_int(tcfg, "hidden_size"),
+        vocab_size=_int(tcfg, "vocab_size") or _int(config, "vocab_size"),
+        num_experts=_int(tcfg, "num_experts", "n_routed_experts"),
+        experts_per_token=_int(tcfg, "num_experts_per_tok"),
+    )
+    return layout
+
+
+def _deepseek_drafter(names: list[str], n_layers: int | None) -> list[int]:
+    if n_layers is None:
+        return []
+    found = set()
+    for name in names:
+        m = re.match(r"model\.layers\.(\d+)\.eh_proj\.", name)
+        if m and int(m.group(1)) >= n_layers:
+            found.add(int(m.group(1)))
+    return sorted(found)
+
+
+def _count_layers(family: str, drafter: list[str], n_layers: int | None) -> int:
+    if family == "mimo":
+        pattern = re.compile(r"model\.mtp_layers\.(\d+)\.")
+    elif family in DEEPSEEK_TYPES or family == "deepseek_v3":
+        pattern = re.compile(r"model\.layers\.(\d+)\.")
+    else:
+        pattern = re.compile(r"mtp\.layers\.(\d+)\.")
+    return len({m.group(1) for n in drafter if (m := pattern.search(n))})
+
+
+def _drafter_linears(drafter: list[str], tensors: Mapping[str, TensorInfo]) -> list[Linear]:
+    linears = []
+    for name in drafter:
+        info = tensors[name]
+        stored, aux = classify_weight(name, tensors)
+        if stored == "nvfp4":
+            if not name.endswith(".weight") or len(info.shape) != 2:
+                raise LayoutError(
+                    f"{name}: NVFP4 drafter weights must be 2-D packed [out, in/2]; got "
+                    f"{list(info.shape)}. This layout is not supported yet."
+                )
+            shape = (info.shape[0], info.shape[1] * 2)
+        elif stored in ("plain", "fp8") and _is_linear_weight(name, info):
+            shape = info.shape
+        else:
+            continue
+        last = module_of(name).rsplit(".", 1)[-1]
+        if last in _NOT_LINEAR:
+            continue
+        linears.append(Linear(module=module_of(name), weight=name, stored=stored, shape=shape,
+                              aux=aux))  # fmt: skip
+    return linears

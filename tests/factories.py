@@ -1,0 +1,305 @@
+"""Tiny real checkpoints of every MTP layout (DESIGN §4), for tests and scripts.
+
+Each factory writes a genuine Hugging Face checkpoint directory: config.json,
+safetensors shards (+ index when sharded) and, for NVFP4, a ModelOpt
+hf_quant_config.json mirrored in config.json. Values are seeded random.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from mtpconv.formats.nvfp4 import pack_e2m1_codes
+
+FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4exp", "deepseek_v3", "glm4_moe", "mimo")
+
+
+@dataclass
+class Spec:
+    family: str = "qwen3_5_moe"
+    hidden: int = 64
+    intermediate: int = 128
+    vocab: int = 256
+    heads: int = 2
+    kv_heads: int = 1
+    head_dim: int = 32
+    layers: int = 2
+    mtp_layers: int = 1
+    experts: int = 4
+    experts_per_tok: int = 2
+    fused_experts: bool = False
+    vlm: bool = False  # model.language_model.* names + text_config
+    quant: str = "bf16"  # "bf16" | "nvfp4" (target linears)
+    drafter_quant: str = "bf16"  # "bf16" | "nvfp4" (drafter linears)
+    exclude: list[str] | None = None  # NVFP4 exclude_modules; default: NVIDIA's (mtp.fc gap)
+    shards: int = 1
+    tie_word_embeddings: bool = False
+    declare_mtp: bool = True  # write mtp_num_hidden_layers / num_nextn_predict_layers
+    write_mtp: bool = True  # write the MTP tensors
+    seed: int = 0
+    extra_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.family in ("qwen3_5_moe", "qwen3_next", "deepseek_v3", "glm4_moe")
+
+
+def _rand(g: torch.Generator, *shape: int, scale: float = 0.05) -> torch.Tensor:
+    return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+
+
+def _attn(p: str, s: Spec, g: torch.Generator, *, gated_q: bool) -> dict[str, torch.Tensor]:
+    q_out = s.heads * s.head_dim * (2 if gated_q else 1)
+    return {
+        f"{p}self_attn.q_proj.weight": _rand(g, q_out, s.hidden),
+        f"{p}self_attn.k_proj.weight": _rand(g, s.kv_heads * s.head_dim, s.hidden),
+        f"{p}self_attn.v_proj.weight": _rand(g, s.kv_heads * s.head_dim, s.hidden),
+        f"{p}self_attn.o_proj.weight": _rand(g, s.hidden, s.heads * s.head_dim),
+        f"{p}self_attn.q_norm.weight": torch.ones(s.head_dim, dtype=torch.bfloat16),
+        f"{p}self_attn.k_norm.weight": torch.ones(s.head_dim, dtype=torch.bfloat16),
+    }
+
+
+def _mlp(p: str, s: Spec, g: torch.Generator, *, moe: bool, shared: str) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    if not moe:
+        out[f"{p}mlp.gate_proj.weight"] = _rand(g, s.intermediate, s.hidden)
+        out[f"{p}mlp.up_proj.weight"] = _rand(g, s.intermediate, s.hidden)
+        out[f"{p}mlp.down_proj.weight"] = _rand(g, s.hidden, s.intermediate)
+        return out
+    out[f"{p}mlp.gate.weight"] = _rand(g, s.experts, s.hidden)
+    if s.fused_experts:
+        out[f"{p}mlp.experts.gate_up_proj"] = _rand(g, s.experts, 2 * s.intermediate, s.hidden)
+        out[f"{p}mlp.experts.down_proj"] = _rand(g, s.experts, s.hidden, s.intermediate)
+    else:
+        for e in range(s.experts):
+            out[f"{p}mlp.experts.{e}.gate_proj.weight"] = _rand(g, s.intermediate, s.hidden)
+            out[f"{p}mlp.experts.{e}.up_proj.weight"] = _rand(g, s.intermediate, s.hidden)
+            out[f"{p}mlp.experts.{e}.down_proj.weight"] = _rand(g, s.hidden, s.intermediate)
+    out[f"{p}mlp.{shared}.gate_proj.weight"] = _rand(g, s.intermediate, s.hidden)
+    out[f"{p}mlp.{shared}.up_proj.weight"] = _rand(g, s.intermediate, s.hidden)
+    out[f"{p}mlp.{shared}.down_proj.weight"] = _rand(g, s.hidden, s.intermediate)
+    if shared == "shared_expert":
+        out[f"{p}mlp.shared_expert_gate.weight"] = _rand(g, 1, s.hidden)
+    return out
+
+
+def _layer(p: str, s: Spec, g: torch.Generator, *, moe: bool) -> dict[str, torch.Tensor]:
+    qwen = s.family.startswith(("qwen3_5", "qwen3_next", "qwen4exp"))
+    out = {
+        f"{p}input_layernorm.weight": torch.ones(s.hidden, dtype=torch.bfloat16),
+        f"{p}post_attention_layernorm.weight": torch.ones(s.hidden, dtype=torch.bfloat16),
+    }
+    out.update(_attn(p, s, g, gated_q=qwen))
+    out.update(_mlp(p, s, g, moe=moe, shared="shared_expert" if qwen else "shared_experts"))
+    return out
+
+
+def _norm(s: Spec) -> torch.Tensor:
+    return torch.ones(s.hidden, dtype=torch.bfloat16)
+
+
+def build_tensors(s: Spec) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """All tensors of the checkpoint (BF16) and the names that form the drafter."""
+    g = torch.Generator().manual_seed(s.seed)
+    base = "model.language_model." if s.vlm else "model."
+    t: dict[str, torch.Tensor] = {f"{base}embed_tokens.weight": _rand(g, s.vocab, s.hidden, scale=1)}
+    for i in range(s.layers):
+        t.update(_layer(f"{base}layers.{i}.", s, g, moe=s.is_moe))
+    t[f"{base}norm.weight"] = _norm(s)
+    if not s.tie_word_embeddings:
+        t["lm_head.weight"] = _rand(g, s.vocab, s.hidden, scale=1)
+    if s.vlm:
+        t["model.visual.blocks.0.attn.qkv.weight"] = _rand(g, 3 * s.hidden, s.hidden)
+        t["model.visual.blocks.0.attn.proj.weight"] = _rand(g, s.hidden, s.hidden)
+    drafter: dict[str, torch.Tensor] = {}
+    if s.write_mtp:
+        drafter = _drafter_tensors(s, g)
+    t.update(drafter)
+    return t, list(drafter)
+
+
+def _drafter_tensors(s: Spec, g: torch.Generator) -> dict[str, torch.Tensor]:
+    d: dict[str, torch.Tensor] = {}
+    h = s.hidden
+    if s.family in ("qwen3_5", "qwen3_5_moe", "qwen3_next"):
+        d["mtp.fc.weight"] = _rand(g, h, 2 * h)
+        for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            d[f"mtp.{n}.weight"] = _norm(s)
+        for i in range(s.mtp_layers):
+            d.update(_layer(f"mtp.layers.{i}.", s, g, moe=s.is_moe))
+    elif s.family == "qwen4exp":
+        d["mtp.fc_embedding.weight"] = _rand(g, h, h)
+        d["mtp.fc_hidden.weight"] = _rand(g, h, h)
+        for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            d[f"mtp.{n}.weight"] = _norm(s)
+        for i in range(s.mtp_layers):
+            d.update(_layer(f"mtp.layers.{i}.", s, g, moe=False))
+        d["mtp.shared_head.head.weight"] = _rand(g, s.vocab, h, scale=1)
+    elif s.family in ("deepseek_v3", "glm4_moe"):
+        for i in range(s.mtp_layers):
+            p = f"model.layers.{s.layers + i}."
+            d[f"{p}eh_proj.weight"] = _rand(g, h, 2 * h)
+            d[f"{p}enorm.weight"] = _norm(s)
+            d[f"{p}hnorm.weight"] = _norm(s)
+            d[f"{p}shared_head.norm.weight"] = _norm(s)
+            d[f"{p}shared_head.head.weight"] = _rand(g, s.vocab, h, scale=1)
+            d[f"{p}embed_tokens.weight"] = _rand(g, s.vocab, h, scale=1)
+            d.update(_layer(p, s, g, moe=True))
+    elif s.family == "mimo":
+        for i in range(s.mtp_layers):
+            p = f"model.mtp_layers.{i}."
+            d[f"{p}input_proj.weight"] = _rand(g, h, 2 * h)
+            for n in ("token_layernorm", "hidden_layernorm", "final_layernorm"):
+                d[f"{p}{n}.weight"] = _norm(s)
+            d.update(_layer(p, s, g, moe=False))
+    else:
+        raise ValueError(f"unknown family {s.family}")
+    return d
+
+
+def to_nvfp4(w: torch.Tensor, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """A random but valid ModelOpt NVFP4 encoding with the shape of ``w``."""
+    out_f, in_f = w.shape
+    codes = torch.randint(0, 16, (out_f, in_f), generator=g, dtype=torch.uint8)
+    scales = (torch.rand(out_f, in_f // 16, generator=g) * 2 + 0.25).to(torch.float8_e4m3fn)
+    return {
+        "weight": pack_e2m1_codes(codes),
+        "weight_scale": scales,
+        "weight_scale_2": torch.tensor(0.01, dtype=torch.float32),
+        "input_scale": torch.tensor(0.5, dtype=torch.float32),
+    }
+
+
+def _quantizable(name: str, w: torch.Tensor) -> bool:
+    if not name.endswith("_proj.weight") and not name.endswith(".fc.weight"):
+        return False
+    return w.dim() == 2 and "visual" not in name
+
+
+def nvidia_exclude(s: Spec) -> list[str]:
+    """What NVIDIA's Qwen3.5/Qwen3-Next NVFP4 exports exclude: the MTP layers, not mtp.fc."""
+    return ["lm_head", "model.visual*", *[f"mtp.layers.{i}*" for i in range(s.mtp_layers)]]
+
+
+def quant_configs(s: Spec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(hf_quant_config.json, config.json quantization_config) for an NVFP4 checkpoint."""
+    exclude = s.exclude if s.exclude is not None else nvidia_exclude(s)
+    hf_quant = {
+        "producer": {"name": "modelopt", "version": "0.37.0"},
+        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8",
+                         "group_size": 16, "exclude_modules": list(exclude)},
+    }  # fmt: skip
+    qc = {
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "kv_cache_scheme": {"num_bits": 8, "type": "float", "dynamic": False},
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "float", "group_size": 16}}},
+        "ignore": list(exclude),
+        "producer": {"name": "modelopt", "version": "0.37.0"},
+    }  # fmt: skip
+    return hf_quant, qc
+
+
+def make_config(s: Spec) -> dict[str, Any]:
+    text: dict[str, Any] = {
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "head_dim": s.head_dim,
+        "vocab_size": s.vocab,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": s.tie_word_embeddings,
+    }
+    if s.is_moe:
+        text.update(num_experts=s.experts, num_experts_per_tok=s.experts_per_tok,
+                    moe_intermediate_size=s.intermediate)  # fmt: skip
+    key = {"qwen3_next": "num_nextn_predict_layers", "deepseek_v3": "num_nextn_predict_layers",
+           "glm4_moe": "num_nextn_predict_layers", "mimo": "num_nextn_predict_layers"}.get(
+        s.family, "mtp_num_hidden_layers")  # fmt: skip
+    if s.declare_mtp:
+        text[key] = s.mtp_layers
+    if s.family == "qwen4exp":
+        text["hc_count"] = 4
+    arch = {"qwen3_5": "Qwen3_5ForCausalLM", "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
+            "qwen3_next": "Qwen3NextForCausalLM", "qwen4exp": "Qwen4ExpForCausalLM",
+            "deepseek_v3": "DeepseekV3ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+            "mimo": "MiMoForCausalLM"}[s.family]  # fmt: skip
+    model_type = s.family
+    if s.vlm:
+        text["model_type"] = f"{s.family}_text"
+        cfg: dict[str, Any] = {"architectures": [arch.replace("ForCausalLM", "ForConditionalGeneration")],
+                               "model_type": model_type, "text_config": text,
+                               "vision_config": {"depth": 1}}  # fmt: skip
+    else:
+        cfg = {"architectures": [arch], "model_type": model_type, **text}
+    cfg["torch_dtype"] = "bfloat16"
+    cfg.update(s.extra_config)
+    return cfg
+
+
+def write_checkpoint(directory: str | Path, spec: Spec | None = None, **kw: Any) -> Path:
+    """Write a tiny checkpoint for ``spec`` (or ``Spec(**kw)``) into ``directory``."""
+    s = spec or Spec(**kw)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors, drafter = build_tensors(s)
+    drafter_set = set(drafter)
+    g = torch.Generator().manual_seed(s.seed + 1)
+    stored: dict[str, torch.Tensor] = {}
+    for name, w in tensors.items():
+        mode = s.drafter_quant if name in drafter_set else s.quant
+        if mode == "nvfp4" and _quantizable(name, w):
+            mod = name[: -len(".weight")]
+            for k, v in to_nvfp4(w, g).items():
+                stored[f"{mod}.{k}"] = v
+        else:
+            stored[name] = w
+    cfg = make_config(s)
+    if "nvfp4" in (s.quant, s.drafter_quant):
+        hf_quant, qc = quant_configs(s)
+        cfg["quantization_config"] = qc
+        (directory / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=2) + "\n")
+    (directory / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 2]}) + "\n")
+    _write_shards(directory, stored, set(k for k in stored if _is_drafter(k, drafter_set)), s.shards)
+    return directory
+
+
+def _is_drafter(name: str, drafter: set[str]) -> bool:
+    if name in drafter:
+        return True
+    mod = name.rsplit(".", 1)[0]
+    return f"{mod}.weight" in drafter
+
+
+def _write_shards(directory: Path, stored: dict[str, torch.Tensor], drafter: set[str],
+                  shards: int) -> None:  # fmt: skip
+    if shards <= 1:
+        save_file(stored, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        return
+    # Target tensors first, drafter last: the last shard mixes both and at least
+    # one shard holds no drafter tensor, as in real exports.
+    names = [n for n in stored if n not in drafter] + [n for n in stored if n in drafter]
+    per = math.ceil(len(names) / shards)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i in range(shards):
+        chunk = names[i * per : (i + 1) * per]
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: stored[n] for n in chunk}, str(directory / file), metadata={"format": "pt"})
+        for n in chunk:
+            weight_map[n] = file
+            total += stored[n].numel() * stored[n].element_size()
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
