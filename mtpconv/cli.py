@@ -81,6 +81,126 @@ def inspect_cmd(
         render_inspect(report)
 
 
+@app.command("publish")
+def publish_cmd(
+    directory: Annotated[str, typer.Argument(help="A -mtpfp8 variant written by quantize-mtp.")],
+    repo_id: Annotated[
+        str | None,
+        typer.Option("--repo-id", help="USER/NAME; default: <you>/<source name>-mtpfp8."),
+    ] = None,
+    private: Annotated[bool, typer.Option("--private", help="Create the repo private.")] = False,
+    revision: Annotated[
+        str | None, typer.Option("--revision", help="Branch to commit to (created if missing).")
+    ] = None,
+    create_pr: Annotated[
+        bool, typer.Option("--create-pr", help="Open a pull request instead of committing.")
+    ] = False,
+    token: Annotated[
+        str | None, typer.Option("--token", help="Hub token (default: HF_TOKEN or your login).")
+    ] = None,
+    commit_message: Annotated[
+        str | None, typer.Option("--commit-message", help="Message of the upload commit.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List what would be uploaded; contact nothing.")
+    ] = False,
+    keep_card: Annotated[
+        bool, typer.Option("--keep-card", help="Upload the directory's README.md as the card.")
+    ] = False,
+) -> None:
+    """Verify a -mtpfp8 variant against its manifest, write its model card, upload it."""
+    from mtpconv.hub import publish
+    from mtpconv.model_card import human_bytes
+
+    with console.byte_progress() as progress:
+        result = publish(
+            directory, repo_id=repo_id, private=private, revision=revision,
+            create_pr=create_pr, token=token, commit_message=commit_message,
+            dry_run=dry_run, keep_card=keep_card, notify=console.info, progress=progress,
+            show_progress=not console.is_quiet() and console.err_console.is_terminal,
+        )  # fmt: skip
+    plan = result.plan
+    if dry_run:
+        where = plan.repo_id + (f" @ {plan.revision}" if plan.revision else "")
+        where += " as a pull request" if plan.create_pr else ""
+        size = human_bytes(plan.total_bytes)
+        typer.echo(f"Would upload {len(plan.items)} files ({size}) to {where}:")
+        for item in plan.items:
+            note = "  (generated)" if item.local is None else ""
+            typer.echo(f"  {human_bytes(item.size):>12}  {item.path_in_repo}{note}")
+        if plan.card is not None:
+            typer.echo("\n--- README.md (generated) ---\n" + plan.card.rstrip())
+        return
+    console.info(f"Published {plan.repo_id}.")
+    typer.echo(result.pr_url or result.commit_url or result.repo_url or plan.repo_id)
+
+@app.command("quantize-mtp")
+def quantize_mtp_cmd(
+    source: SourceArg,
+    destination: Annotated[str, typer.Argument(help="Output directory of the -mtpfp8 variant.")],
+    revision: RevisionOpt = None,
+    draft_vocab: Annotated[
+        str | None,
+        typer.Option("--draft-vocab", help="Ids file from build-draft-vocab: adds a sliced head."),
+    ] = None,
+    draft_head_dtype: Annotated[
+        str, typer.Option("--draft-head-dtype", help="fp8 or bf16 for the draft head.")
+    ] = "fp8",
+    device: Annotated[
+        str, typer.Option("--device", help="auto, cpu or cuda: where the FP8 math runs.")
+    ] = "auto",
+    dry_run: DryRunOpt = False,
+    force: ForceOpt = False,
+    copy: Annotated[
+        bool, typer.Option("--copy", help="Copy untouched files instead of hard-linking them.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write the -mtpfp8 variant: drafter linears in FP8, everything else byte-identical."""
+    from mtpconv.convert import quantize_mtp
+    from mtpconv.render import render_conversion
+
+    with console.byte_progress() as progress:
+        report = quantize_mtp(
+            source, destination, revision=revision, draft_vocab=draft_vocab,
+            draft_head_dtype=draft_head_dtype, device=device, dry_run=dry_run, force=force,
+            copy=copy, progress=progress,
+        )  # fmt: skip
+    if as_json:
+        console.emit_json(report.to_dict())
+    else:
+        render_conversion(report)
+
+
+@app.command("fix-exclusions")
+def fix_exclusions_cmd(
+    source: SourceArg,
+    destination: Annotated[
+        str | None, typer.Argument(help="Output directory (shards are hard-linked).")
+    ] = None,
+    revision: RevisionOpt = None,
+    in_place: Annotated[
+        bool, typer.Option("--in-place", help="Edit SRC's two JSON files (keeps .bak copies).")
+    ] = False,
+    dry_run: DryRunOpt = False,
+    force: ForceOpt = False,
+    copy: Annotated[
+        bool, typer.Option("--copy", help="Copy shards instead of hard-linking them.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Exclude every module stored unquantized but declared quantized (the mtp.fc gap)."""
+    from mtpconv.convert import fix_exclusions
+    from mtpconv.render import render_fix
+
+    report = fix_exclusions(source, destination, revision=revision, in_place=in_place,
+                            force=force, copy=copy, dry_run=dry_run)  # fmt: skip
+    if as_json:
+        console.emit_json(report.to_dict())
+    else:
+        render_fix(report)
+
+
 def _debug_enabled() -> bool:
     return os.environ.get(_DEBUG_ENV, "") not in ("", "0")
 

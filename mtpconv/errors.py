@@ -54,3 +54,9 @@ class ManifestError(MtpconvError):
 
 class PublishError(MtpconvError):
     """The variant cannot be published."""
+
+
+class Interrupted(MtpconvError):
+    """The user interrupted a run (Ctrl-C / SIGTERM); nothing was left half-written."""
+
+    exit_code = 130

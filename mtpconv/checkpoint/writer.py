@@ -1,0 +1,252 @@
+"""Writing a variant: streamed safetensors shards, links, and an atomic output dir.
+
+Nothing appears at the destination until the whole variant is written and
+fsynced: we build it in a sibling temporary directory and rename it into place.
+A lock file next to the destination keeps two conversions from racing, and
+temporary directories left by a killed run are removed by the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from mtpconv.checkpoint.safetensors_io import DTYPES
+from mtpconv.errors import OutputError
+
+_TMP_MARK = ".mtpconv-tmp-"
+_COPY_CHUNK = 64 << 20
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor to be written: name, safetensors dtype and shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPES[self.dtype][1]
+
+
+def _disk_error(exc: OSError, path: Path) -> OutputError:
+    if exc.errno == errno.ENOSPC:
+        return OutputError(f"no space left on the device while writing {path}; free space "
+                           "and run again (nothing was left at the destination).")  # fmt: skip
+    return OutputError(f"cannot write {path}: {exc.strerror or exc}.")
+
+
+class HashingWriter:
+    """A binary file being written, hashed as it goes (sha256)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self._sha = hashlib.sha256()
+        self.written = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            self._f.write(data)
+        except OSError as exc:
+            raise _disk_error(exc, self.path) from None
+        self._sha.update(data)
+        self.written += len(data)
+
+    def copy_range(self, src: BinaryIO, start: int, nbytes: int) -> None:
+        """Copy ``nbytes`` from ``src`` at ``start`` verbatim."""
+        src.seek(start)
+        left = nbytes
+        while left:
+            chunk = src.read(min(left, _COPY_CHUNK))
+            if not chunk:
+                raise OutputError(f"source file {getattr(src, 'name', '?')} ended early.")
+            self.write(chunk)
+            left -= len(chunk)
+
+    def close(self) -> str:
+        """fsync, close, and return the hex sha256."""
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        except OSError as exc:
+            raise _disk_error(exc, self.path) from None
+        finally:
+            self._f.close()
+        return self._sha.hexdigest()
+
+    def abort(self) -> None:
+        self._f.close()
+
+
+def safetensors_header(specs: list[TensorSpec], metadata: dict[str, str] | None) -> bytes:
+    """The 8-byte length + JSON header for tensors laid out in ``specs`` order."""
+    doc: dict[str, object] = {}
+    if metadata:
+        doc["__metadata__"] = dict(metadata)
+    offset = 0
+    for spec in specs:
+        doc[spec.name] = {"dtype": spec.dtype, "shape": list(spec.shape),
+                          "data_offsets": [offset, offset + spec.nbytes]}  # fmt: skip
+        offset += spec.nbytes
+    raw = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # data region 8-byte aligned, as safetensors does
+    return len(raw).to_bytes(8, "little") + raw
+
+
+class ShardWriter:
+    """Streams one safetensors file: header first, then each tensor in order."""
+
+    def __init__(self, path: Path, specs: list[TensorSpec], metadata: dict[str, str] | None):
+        self.path = path
+        self._specs = specs
+        self._next = 0
+        self._out = HashingWriter(path)
+        self._out.write(safetensors_header(specs, metadata))
+
+    def _expect(self, name: str, nbytes: int) -> None:
+        spec = self._specs[self._next]
+        if spec.name != name or spec.nbytes != nbytes:
+            raise AssertionError(f"writer expected {spec.name} ({spec.nbytes} B), got {name}")
+        self._next += 1
+
+    def write(self, name: str, data: bytes | bytearray | memoryview) -> None:
+        self._expect(name, len(data))
+        self._out.write(data)
+
+    def copy(self, name: str, src: BinaryIO, start: int, nbytes: int) -> None:
+        self._expect(name, nbytes)
+        self._out.copy_range(src, start, nbytes)
+
+    def close(self) -> str:
+        if self._next != len(self._specs):
+            self._out.abort()
+            raise AssertionError(f"{self.path.name}: {len(self._specs) - self._next} tensors unwritten")
+        return self._out.close()
+
+    def abort(self) -> None:
+        self._out.abort()
+
+
+def link_or_copy(src: Path, dst: Path, *, copy: bool = False) -> bool:
+    """Hard-link ``src`` to ``dst`` (following links); copy when linking is impossible.
+
+    Returns True when the file was linked.
+    """
+    real = Path(os.path.realpath(src))
+    if not copy:
+        try:
+            os.link(real, dst)
+            return True
+        except OSError:
+            pass
+    try:
+        shutil.copyfile(real, dst)
+        with open(dst, "rb+") as f:
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise _disk_error(exc, dst) from None
+    return False
+
+
+def write_json(path: Path, text: str) -> str:
+    """Write a small text file (fsynced) and return its sha256."""
+    out = HashingWriter(path)
+    out.write(text.encode("utf-8"))
+    return out.close()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_temps(dst: Path) -> list[Path]:
+    removed = []
+    for entry in dst.parent.glob(f".{dst.name}{_TMP_MARK}*"):
+        try:
+            pid = int(entry.name.rsplit(_TMP_MARK, 1)[1].split("-", 1)[0])
+        except ValueError:
+            continue
+        if not _pid_alive(pid):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+@contextlib.contextmanager
+def _lock(dst: Path) -> Iterator[None]:
+    lock_path = dst.parent / f".{dst.name}.mtpconv.lock"
+    fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputError(
+                f"another mtpconv process is writing {dst}; wait for it to finish."
+            ) from None
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_output_dir(dst: Path, *, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling of ``dst``; on success it becomes ``dst`` atomically.
+
+    On any exception (KeyboardInterrupt included) the temporary directory is
+    removed and ``dst`` is untouched.
+    """
+    dst = Path(os.path.abspath(dst))
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _disk_error(exc, dst.parent) from None
+    with _lock(dst):
+        _remove_stale_temps(dst)
+        if dst.exists() and not force:
+            raise OutputError(f"{dst} already exists; pass --force to replace it.")
+        tmp = dst.parent / f".{dst.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            yield tmp
+            _fsync_dir(tmp)
+            if dst.exists():
+                old = dst.parent / f".{dst.name}{_TMP_MARK}{os.getpid()}-old-{uuid.uuid4().hex[:8]}"
+                os.rename(dst, old)
+                os.rename(tmp, dst)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, dst)
+            _fsync_dir(dst.parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

@@ -1,0 +1,549 @@
+"""``quantize-mtp`` and ``fix-exclusions``: orchestration over the plan.
+
+source -> headers -> layout -> plan (validated) -> shard jobs -> writer ->
+configs -> manifest -> verification of what was written. The source is only
+ever opened for reading; the output appears atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles, load_checkpoint_files
+from mtpconv.checkpoint.safetensors_io import read_tensor
+from mtpconv.checkpoint.source import Source, load_files, resolve_source
+from mtpconv.checkpoint.writer import (
+    ShardWriter,
+    atomic_output_dir,
+    link_or_copy,
+    write_json,
+)
+from mtpconv.errors import ConversionError, Interrupted, OutputError
+from mtpconv.formats.fp8 import QuantError, quant_error, quantize_fp8
+from mtpconv.formats.nvfp4 import dequantize_nvfp4
+from mtpconv.layouts import Linear, MtpLayout, detect_layout, linear_modules, module_of
+from mtpconv.manifest import (
+    DRAFT_VOCAB_IDS_NAME,
+    DrafterSection,
+    DraftVocabSection,
+    Manifest,
+    read_manifest,
+    sha256_file,
+    write_manifest,
+)
+from mtpconv.plan import ConversionPlan, OutTensor, ShardPlan, build_plan, check_destination
+from mtpconv.quant_config import (
+    QuantConfigs,
+    dumps_config,
+    fixed_exclusion_configs,
+    load_quant_configs,
+    variant_configs,
+)
+
+Progress = Callable[[int], None]
+_LFS_BLOB = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass
+class ConversionReport:
+    """What quantize-mtp did (or, with dry_run, would do)."""
+
+    source: str
+    destination: str
+    plan: ConversionPlan
+    dry_run: bool
+    device: str
+    errors: dict[str, QuantError] = field(default_factory=dict)
+    linked: int = 0
+    copied: int = 0
+    seconds: float = 0.0
+    draft_vocab_size: int | None = None
+
+    @property
+    def max_rel_l2(self) -> float:
+        return max((e.rel_l2 for e in self.errors.values()), default=0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "destination": self.destination,
+            "dry_run": self.dry_run,
+            "device": self.device,
+            "plan": self.plan.to_dict(),
+            "tensors_converted": len(self.plan.linears),
+            "bytes_saved": self.plan.bytes_before - self.plan.bytes_after,
+            "max_rel_l2": self.max_rel_l2,
+            "linked_files": self.linked,
+            "copied_files": self.copied,
+            "seconds": round(self.seconds, 3),
+            "draft_vocab_size": self.draft_vocab_size,
+        }
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConversionError("--device cuda was given but no CUDA device is available.")
+    if device not in ("cpu", "cuda"):
+        raise ConversionError(f"--device must be auto, cpu or cuda, not {device!r}.")
+    return torch.device(device)
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The raw little-endian bytes of a CPU tensor, without a copy when contiguous."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so the temporary output is removed."""
+    try:
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _SourceReader:
+    """Open source shards (read-only), one handle each, closed at the end."""
+
+    def __init__(self, files: CheckpointFiles) -> None:
+        self._files = files
+        self._handles: dict[str, BinaryIO] = {}
+
+    def handle(self, file: str) -> BinaryIO:
+        if file not in self._handles:
+            self._handles[file] = open(self._files.directory / file, "rb")  # noqa: SIM115
+        return self._handles[file]
+
+    def tensor(self, name: str) -> torch.Tensor:
+        info = self._files.tensors[name]
+        return read_tensor(self.handle(info.file), info)
+
+    def close(self) -> None:
+        for f in self._handles.values():
+            f.close()
+
+
+def _float_weight(reader: _SourceReader, lin: Linear) -> torch.Tensor:
+    """The drafter weight as float32, dequantizing NVFP4 exactly."""
+    if lin.stored == "nvfp4":
+        module = lin.module
+        return dequantize_nvfp4(
+            reader.tensor(lin.weight),
+            reader.tensor(f"{module}.weight_scale"),
+            reader.tensor(f"{module}.weight_scale_2"),
+        )
+    return reader.tensor(lin.weight).to(torch.float32)
+
+
+def _check_finite(name: str, w: torch.Tensor) -> None:
+    if not bool(torch.isfinite(w).all()):
+        bad = int((~torch.isfinite(w)).sum())
+        raise ConversionError(f"{name} has {bad} NaN/Inf values; the source checkpoint is "
+                              "corrupt, so no FP8 drafter can be made from it.")  # fmt: skip
+
+
+class _ShardJob:
+    """Rewrites one shard: target tensors copied verbatim, drafter linears to FP8."""
+
+    def __init__(self, reader: _SourceReader, device: torch.device,
+                 head_rows: torch.Tensor | None, advance: Progress) -> None:  # fmt: skip
+        self.reader = reader
+        self.device = device
+        self.head_rows = head_rows
+        self.advance = advance
+        self.errors: dict[str, QuantError] = {}
+        self._pending_scale: torch.Tensor | None = None
+
+    def run(self, files: CheckpointFiles, shard: ShardPlan, out: Path) -> str:
+        writer = ShardWriter(out, [t.spec for t in shard.tensors],
+                             files.shards[shard.file].metadata)  # fmt: skip
+        try:
+            for t in shard.tensors:
+                self._write(files, writer, t)
+                self.advance(t.spec.nbytes)
+            return writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+
+    def _write(self, files: CheckpointFiles, writer: ShardWriter, t: OutTensor) -> None:
+        name = t.spec.name
+        if t.kind == "copy":
+            assert t.source is not None
+            info = files.tensors[t.source]
+            writer.copy(name, self.reader.handle(info.file), info.start, info.nbytes)
+        elif t.kind == "fp8_weight":
+            assert t.linear is not None
+            w = _float_weight(self.reader, t.linear)
+            _check_finite(t.linear.weight, w)
+            fp8 = quantize_fp8(w.to(self.device))
+            self.errors[t.linear.module] = quant_error(w, _to_cpu(fp8))
+            writer.write(name, tensor_bytes(fp8.weight))
+            self._pending_scale = fp8.scale
+        elif t.kind == "fp8_scale":
+            assert self._pending_scale is not None
+            writer.write(name, tensor_bytes(self._pending_scale))
+            self._pending_scale = None
+        elif t.kind == "draft_head":
+            assert self.head_rows is not None
+            if t.spec.dtype == "F8_E4M3":
+                fp8 = quantize_fp8(self.head_rows.to(self.device))
+                self.errors[module_of(name)] = quant_error(self.head_rows, _to_cpu(fp8))
+                writer.write(name, tensor_bytes(fp8.weight))
+                self._pending_scale = fp8.scale
+            else:
+                writer.write(name, tensor_bytes(self.head_rows.to(torch.bfloat16)))
+        elif t.kind == "draft_head_scale":
+            assert self._pending_scale is not None
+            writer.write(name, tensor_bytes(self._pending_scale))
+            self._pending_scale = None
+        else:  # pragma: no cover - plan kinds are closed
+            raise AssertionError(t.kind)
+
+
+def _to_cpu(fp8: Any) -> Any:
+    from mtpconv.formats.fp8 import Fp8Tensor
+
+    return Fp8Tensor(weight=fp8.weight.cpu(), scale=fp8.scale.cpu())
+
+
+def _head_rows(reader: _SourceReader, files: CheckpointFiles, source: str,
+               ids: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """``head[ids]`` in float32; for an NVFP4 head only the chosen rows are dequantized."""
+    info = files.tensors[source]
+    if info.dtype == "U8":
+        module = module_of(source)
+        return dequantize_nvfp4(reader.tensor(source)[ids],
+                                reader.tensor(f"{module}.weight_scale")[ids],
+                                reader.tensor(f"{module}.weight_scale_2"))  # fmt: skip
+    rows = reader.tensor(source)[ids].to(torch.float32)
+    _check_finite(source, rows)
+    return rows
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 of a file; free for Hugging Face cache blobs, whose name is their sha256."""
+    real = Path(os.path.realpath(path))
+    if _LFS_BLOB.match(real.name) and real.parent.name == "blobs":
+        return real.name
+    return sha256_file(real)
+
+
+def _drafter_modules(layout: MtpLayout, plan: ConversionPlan) -> list[str]:
+    mods = {module_of(n) for n in layout.drafter_tensors}
+    if plan.draft_head is not None:
+        mods.add(module_of(plan.draft_head.tensor))
+    return sorted(mods)
+
+
+def _load(source_spec: str, revision: str | None) -> tuple[Source, CheckpointFiles, QuantConfigs,
+                                                            MtpLayout]:  # fmt: skip
+    source = resolve_source(source_spec, revision)
+    if read_manifest(source.directory) is not None:
+        raise ConversionError(f"{source_spec} is already an -mtpfp8 variant (it has mtpconv.json); "
+                              "convert the original checkpoint instead.")  # fmt: skip
+    files = load_files(source)
+    configs = load_quant_configs(source.directory)
+    layout = detect_layout(configs.config, files.tensors)
+    return source, files, configs, layout
+
+
+def quantize_mtp(
+    source_spec: str,
+    dst: str | os.PathLike[str],
+    *,
+    revision: str | None = None,
+    draft_vocab: str | os.PathLike[str] | None = None,
+    draft_head_dtype: str = "fp8",
+    device: str = "auto",
+    dry_run: bool = False,
+    force: bool = False,
+    copy: bool = False,
+    progress: Any = None,
+) -> ConversionReport:
+    """Write the ``-mtpfp8`` variant of ``source_spec`` to ``dst`` (DESIGN §5)."""
+    started = time.monotonic()
+    dev = pick_device(device)
+    source, files, configs, layout = _load(source_spec, revision)
+    ids = None
+    vocab_meta: dict[str, Any] = {}
+    if draft_vocab is not None:
+        from mtpconv.draft_vocab import load_draft_vocab_ids, sidecar_path
+
+        if layout.vocab_size is None:
+            raise ConversionError("config.json has no vocab_size; cannot check the draft vocab ids.")
+        ids = load_draft_vocab_ids(draft_vocab, layout.vocab_size)
+        vocab_meta = _read_sidecar(sidecar_path(draft_vocab))
+    dst_path = Path(dst).expanduser()
+    check_destination(source.directory, dst_path)
+    plan = build_plan(files, layout, draft_vocab_rows=None if ids is None else int(ids.numel()),
+                      draft_head_dtype=draft_head_dtype)  # fmt: skip
+    all_modules = {module_of(n) for n in files.tensors} | set(_drafter_modules(layout, plan))
+    new_hf_quant, new_config = variant_configs(configs, _drafter_modules(layout, plan), all_modules)
+    report = ConversionReport(source=source_spec, destination=str(dst_path), plan=plan,
+                              dry_run=dry_run, device=str(dev),
+                              draft_vocab_size=None if ids is None else int(ids.numel()))  # fmt: skip
+    if dry_run:
+        return report
+    if dst_path.exists() and not force:
+        raise OutputError(f"{dst_path} already exists; pass --force to replace it.")
+    try:
+        with _sigterm_as_interrupt(), atomic_output_dir(dst_path, force=force) as tmp:
+            _write_variant(tmp, source, files, configs, plan, new_hf_quant, new_config, ids,
+                           draft_vocab, vocab_meta, dev, copy, report, progress)  # fmt: skip
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; nothing was written to {dst_path}.") from None
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _read_sidecar(path: Path) -> dict[str, Any]:
+    import json
+
+    if not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _write_variant(
+    tmp: Path, source: Source, files: CheckpointFiles, configs: QuantConfigs,
+    plan: ConversionPlan, new_hf_quant: dict[str, Any] | None, new_config: dict[str, Any],
+    ids: torch.Tensor | None, ids_path: str | os.PathLike[str] | None,
+    vocab_meta: dict[str, Any], device: torch.device, copy: bool,
+    report: ConversionReport, progress: Any,
+) -> None:  # fmt: skip
+    digests: dict[str, str] = {}
+    source_digests: dict[str, Future[str]] = {}
+    hashes: dict[str, Future[str]] = {}
+    reader = _SourceReader(files)
+    total = sum(s.out_bytes for s in plan.rewritten)
+    if progress is not None:
+        progress.start("Writing drafter shards", total)
+    advance: Progress = progress.advance if progress is not None else (lambda n: None)
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="mtpconv-hash") as pool:
+        # Links first (instant), hashed in the background while shards are rewritten.
+        for rel in [s.file for s in plan.linked] + plan.other_files:
+            out = tmp / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if link_or_copy(source.directory / rel, out, copy=copy):
+                report.linked += 1
+            else:
+                report.copied += 1
+            hashes[rel] = pool.submit(_file_digest, source.directory / rel)
+        for name in ("config.json", "hf_quant_config.json"):
+            if (source.directory / name).is_file():
+                source_digests[name] = pool.submit(_file_digest, source.directory / name)
+        head_rows = None
+        if plan.draft_head is not None and ids is not None:
+            head_rows = _head_rows(reader, files, plan.draft_head.source_tensor, ids)
+        job = _ShardJob(reader, device, head_rows, advance)
+        try:
+            for shard in plan.rewritten:
+                source_digests[shard.file] = pool.submit(_file_digest, source.directory / shard.file)
+                digests[shard.file] = job.run(files, shard, tmp / shard.file)
+        finally:
+            reader.close()
+        report.errors = job.errors
+        digests.update({rel: f.result() for rel, f in hashes.items()})
+        src_files = {rel: f.result() for rel, f in source_digests.items()}
+
+    digests["config.json"] = write_json(tmp / "config.json", dumps_config(new_config))
+    if new_hf_quant is not None:
+        digests["hf_quant_config.json"] = write_json(tmp / "hf_quant_config.json",
+                                                     dumps_config(new_hf_quant))  # fmt: skip
+    if plan.sharded:
+        digests[INDEX_NAME] = write_json(tmp / INDEX_NAME, _index_text(files, plan))
+    draft_section = None
+    if ids is not None and ids_path is not None and plan.draft_head is not None:
+        shutil.copyfile(ids_path, tmp / DRAFT_VOCAB_IDS_NAME)
+        digests[DRAFT_VOCAB_IDS_NAME] = sha256_file(tmp / DRAFT_VOCAB_IDS_NAME)
+        src_files[str(ids_path)] = digests[DRAFT_VOCAB_IDS_NAME]
+        draft_section = DraftVocabSection(
+            size=int(ids.numel()), file=DRAFT_VOCAB_IDS_NAME,
+            sha256=digests[DRAFT_VOCAB_IDS_NAME], head_tensor=plan.draft_head.tensor,
+            head_dtype=plan.draft_head.dtype, coverage=vocab_meta.get("coverage"),
+            corpus=vocab_meta.get("corpus"),
+        )  # fmt: skip
+    manifest = Manifest(
+        source={**source.describe(), "files": src_files},
+        family=plan.layout.family,
+        drafter=DrafterSection(prefix=plan.layout.drafter_prefixes[0],
+                               fp8_linears=[lin.module for lin in plan.linears]),  # fmt: skip
+        draft_vocab=draft_section,
+        quantization_error={k: {"rel_l2": v.rel_l2, "max_abs": v.max_abs, "amax": v.amax}
+                            for k, v in report.errors.items()},  # fmt: skip
+        files=dict(sorted(digests.items())),
+    )
+    write_manifest(tmp, manifest)
+    verify_output(tmp, plan)
+
+
+def _index_text(files: CheckpointFiles, plan: ConversionPlan) -> str:
+    import json
+
+    weight_map: dict[str, str] = {}
+    total = 0
+    for shard in plan.shards:
+        if shard.action == "link":
+            for name, info in files.shards[shard.file].tensors.items():
+                if files.weight_map.get(name) == shard.file:
+                    weight_map[name] = shard.file
+                    total += info.nbytes
+        else:
+            for t in shard.tensors:
+                weight_map[t.spec.name] = shard.file
+                total += t.spec.nbytes
+    meta = dict(files.index_metadata)
+    meta["total_size"] = total
+    return json.dumps({"metadata": meta, "weight_map": dict(sorted(weight_map.items()))},
+                      indent=2) + "\n"  # fmt: skip
+
+
+def verify_output(directory: Path, plan: ConversionPlan) -> None:
+    """Reopen what was written: every planned tensor exactly once, index exact."""
+    out = load_checkpoint_files(directory)
+    expected: set[str] = set()
+    for shard in plan.shards:
+        if shard.action == "rewrite":
+            expected.update(t.spec.name for t in shard.tensors)
+    for shard in plan.linked:
+        expected.update(out.shards[shard.file].tensors)
+    in_shards = [n for h in out.shards.values() for n in h.tensors]
+    problems = []
+    if len(in_shards) != len(set(in_shards)):
+        problems.append("a tensor is stored in more than one shard")
+    if set(in_shards) != expected or set(out.weight_map) != expected:
+        missing = sorted(expected - set(out.weight_map))[:3]
+        extra = sorted(set(out.weight_map) - expected)[:3]
+        problems.append(f"tensors missing {missing} / unexpected {extra}")
+    if out.index_file is not None:
+        total = out.index_metadata.get("total_size")
+        if total != out.total_tensor_bytes:
+            problems.append(f"index total_size {total} != {out.total_tensor_bytes}")
+    if problems:
+        raise OutputError(f"the written variant failed verification ({'; '.join(problems)}); "
+                          "nothing was left at the destination.")  # fmt: skip
+
+
+@dataclass
+class FixReport:
+    source: str
+    destination: str
+    excluded: list[str]
+    in_place: bool
+    dry_run: bool = False
+    backups: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "destination": self.destination,
+                "newly_excluded": self.excluded, "in_place": self.in_place,
+                "dry_run": self.dry_run, "backups": self.backups}  # fmt: skip
+
+
+def fix_exclusions(
+    source_spec: str,
+    dst: str | os.PathLike[str] | None,
+    *,
+    revision: str | None = None,
+    in_place: bool = False,
+    force: bool = False,
+    copy: bool = False,
+    dry_run: bool = False,
+) -> FixReport:
+    """Exclude every module stored unquantized but declared quantized; nothing else."""
+    source = resolve_source(source_spec, revision)
+    files = load_files(source)
+    configs = load_quant_configs(source.directory)
+    stored = linear_modules(files.tensors)
+    new_hf_quant, new_config = fixed_exclusion_configs(configs, stored)
+    excluded = _newly_excluded(configs, new_hf_quant, new_config)
+    if in_place and dst is not None:
+        raise OutputError("give either DST or --in-place, not both.")
+    if not in_place and dst is None:
+        raise OutputError("give a destination directory, or --in-place to edit SRC's JSON files "
+                          "(a .bak copy of each is kept).")  # fmt: skip
+    target = source.directory if in_place else Path(dst).expanduser()  # type: ignore[arg-type]
+    report = FixReport(source_spec, str(target), excluded, in_place, dry_run)
+    if dry_run:
+        return report
+    if in_place:
+        if source.repo_id:
+            raise OutputError("--in-place edits a local directory; a Hub snapshot is read-only. "
+                              "Give a destination instead.")  # fmt: skip
+        if not excluded:
+            return report
+        report.backups = _rewrite_in_place(source.directory, new_hf_quant, new_config)
+        return report
+    check_destination(source.directory, target)
+    try:
+        with _sigterm_as_interrupt(), atomic_output_dir(target, force=force) as tmp:
+            for rel in list(files.shards) + _non_weight_files(source.directory, files):
+                out = tmp / rel
+                out.parent.mkdir(parents=True, exist_ok=True)
+                link_or_copy(source.directory / rel, out, copy=copy)
+            write_json(tmp / "config.json", dumps_config(new_config))
+            if new_hf_quant is not None:
+                write_json(tmp / "hf_quant_config.json", dumps_config(new_hf_quant))
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; nothing was written to {target}.") from None
+    return report
+
+
+def _non_weight_files(directory: Path, files: CheckpointFiles) -> list[str]:
+    from mtpconv.plan import _other_files
+
+    extra = [INDEX_NAME] if files.index_file else []
+    return extra + _other_files(directory, files)
+
+
+def _rewrite_in_place(directory: Path, hf_quant: dict[str, Any] | None,
+                      config: dict[str, Any]) -> list[str]:  # fmt: skip
+    backups = []
+    for name, doc in (("config.json", config), ("hf_quant_config.json", hf_quant)):
+        if doc is None:
+            continue
+        path = directory / name
+        backup = directory / f"{name}.bak"
+        shutil.copy2(path, backup)
+        backups.append(str(backup))
+        tmp = directory / f".{name}.mtpconv-tmp"
+        write_json(tmp, dumps_config(doc))
+        os.replace(tmp, path)
+    return backups
+
+
+def _newly_excluded(configs: QuantConfigs, hf_quant: dict[str, Any] | None,
+                    config: dict[str, Any]) -> list[str]:  # fmt: skip
+    def excl(hq: dict[str, Any] | None, cfg: dict[str, Any]) -> list[str]:
+        if hq is not None:
+            q = hq.get("quantization", {})
+            return list(q.get("exclude_modules", []) or [])
+        qc = cfg.get("quantization_config", {})
+        return list(qc.get("ignore", []) or []) if isinstance(qc, dict) else []
+
+    before = excl(configs.hf_quant, configs.config)
+    return [p for p in excl(hf_quant, config) if p not in before]

@@ -1,0 +1,208 @@
+"""The ``inspect`` report: what a checkpoint is and what its drafter costs.
+
+Reads configs and safetensors headers only, never tensor data (a Hub repo id
+is inspected remotely through range requests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mtpconv.checkpoint.index import CheckpointFiles
+from mtpconv.checkpoint.source import Source, load_files, looks_like_repo_id, remote_checkpoint
+from mtpconv.checkpoint.source import resolve_source as _resolve_local
+from mtpconv.draft_cost import DraftCost, draft_cost
+from mtpconv.findings import Finding, Severity
+from mtpconv.layouts import MtpLayout, classify_weight, detect_layout, linear_modules, module_of
+from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, Manifest, read_manifest
+from mtpconv.quant_config import (
+    CODE_QUANTIZED_DECLARED_PLAIN,
+    QuantConfigs,
+    audit_quant_configs,
+    declared_format,
+    declared_quant,
+    load_quant_configs,
+)
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    format: str  # "plain" | "nvfp4" | "fp8" | "scale" | "other"
+    role: str  # "linear" | "norm" | "embedding" | "head" | "router" | "scale" | "other"
+    declared: str | None  # what the quant config declares for this module
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
+                "format": self.format, "role": self.role, "declared": self.declared}  # fmt: skip
+
+
+@dataclass
+class InspectReport:
+    """Everything ``mtpconv inspect`` knows about a checkpoint."""
+
+    source: str
+    family: str
+    model_type: str
+    quant_method: str
+    quant_algo: str | None
+    exclude_modules: list[str]
+    kv_cache_algo: str | None
+    mtp_layers_declared: int | None
+    mtp_layers_found: int
+    drafter: list[TensorRow]
+    findings: list[Finding]
+    cost: DraftCost | None
+    shards: int
+    total_bytes: int
+    draft_vocab: dict[str, Any] | None
+    variant: dict[str, Any] | None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "family": self.family,
+            "model_type": self.model_type,
+            "quant": {"method": self.quant_method, "algo": self.quant_algo,
+                      "exclude_modules": self.exclude_modules,
+                      "kv_cache_algo": self.kv_cache_algo},  # fmt: skip
+            "mtp_layers": {"declared": self.mtp_layers_declared, "found": self.mtp_layers_found},
+            "drafter_tensors": [r.to_dict() for r in self.drafter],
+            "findings": [f.to_dict() for f in self.findings],
+            "draft_bytes_per_step": None if self.cost is None else self.cost.to_dict(),
+            "shards": self.shards,
+            "total_bytes": self.total_bytes,
+            "draft_vocab": self.draft_vocab,
+            "variant": self.variant,
+        }
+
+
+def _role(name: str, fmt: str, layout: MtpLayout) -> str:
+    if fmt == "scale":
+        return "scale"
+    if any(lin.weight == name for lin in layout.linears):
+        return "linear"
+    last = module_of(name).rsplit(".", 1)[-1]
+    if "norm" in last:
+        return "norm"
+    if last == "embed_tokens":
+        return "embedding"
+    if last in ("head", "lm_head", "draft_lm_head"):
+        return "head"
+    if last in ("gate", "shared_expert_gate"):
+        return "router"
+    return "other"
+
+
+def _rows(layout: MtpLayout, files: CheckpointFiles, configs: QuantConfigs) -> list[TensorRow]:
+    decl = declared_quant(configs)
+    rows = []
+    for name in layout.drafter_tensors:
+        info = files.tensors[name]
+        if name.endswith(("_scale", "_scale_2")):
+            fmt = "scale"
+        else:
+            fmt, _ = classify_weight(name, files.tensors)
+        role = _role(name, fmt, layout)
+        declared = declared_format(decl, module_of(name)) if role in ("linear", "head") else None
+        rows.append(TensorRow(name, info.dtype, info.shape, fmt, role, declared))
+    return rows
+
+
+def _layout_findings(layout: MtpLayout) -> list[Finding]:
+    out = []
+    declared, found = layout.declared_layers, layout.found_layers
+    if declared and not layout.has_drafter:
+        out.append(Finding(Severity.ERROR, "mtp-declared-missing", "mtp",
+                           f"config declares {declared} MTP layer(s) but the checkpoint holds no "
+                           "MTP tensors; vLLM's MTP speculative decoding will fail to load them. "
+                           "Re-export the checkpoint with its MTP weights."))  # fmt: skip
+    elif layout.has_drafter and not declared:
+        out.append(Finding(Severity.WARNING, "mtp-undeclared", "mtp",
+                           f"the checkpoint holds {found} MTP layer(s) but config.json declares "
+                           "none (mtp_num_hidden_layers / num_nextn_predict_layers); vLLM will "
+                           "not build the drafter."))  # fmt: skip
+    elif layout.has_drafter and declared != found:
+        out.append(Finding(Severity.WARNING, "mtp-layer-count", "mtp",
+                           f"config declares {declared} MTP layer(s) but {found} are stored."))  # fmt: skip
+    if not layout.has_drafter and not declared:
+        out.append(Finding(Severity.INFO, "no-mtp", "mtp",
+                           "this checkpoint has no MTP drafter; there is nothing to convert."))  # fmt: skip
+    return out
+
+
+def _variant_findings(findings: list[Finding], manifest: Manifest) -> list[Finding]:
+    """In a variant, FP8 drafter linears excluded from the target's config are by design."""
+    ours = set(manifest.drafter.fp8_linears)
+    if manifest.draft_vocab is not None:
+        ours.add(module_of(manifest.draft_vocab.head_tensor))
+    kept = [f for f in findings if not (f.code == CODE_QUANTIZED_DECLARED_PLAIN and f.module in ours)]
+    if len(kept) < len(findings):
+        kept.append(Finding(Severity.INFO, "mtpconv-fp8-drafter", "mtp",
+                            f"{len(findings) - len(kept)} drafter tensors are FP8 as recorded in "
+                            "mtpconv.json and excluded from the target's quant config: serve "
+                            "with the mtpconv vLLM plugin (stock vLLM refuses them)."))  # fmt: skip
+    return kept
+
+
+def _variant_info(manifest: Manifest | None) -> dict[str, Any] | None:
+    if manifest is None:
+        return None
+    return {"tool": manifest.tool, "source": {k: v for k, v in manifest.source.items()
+                                              if k != "files"},
+            "fp8_linears": len(manifest.drafter.fp8_linears)}  # fmt: skip
+
+
+def _draft_vocab_info(directory: Path, manifest: Manifest | None) -> dict[str, Any] | None:
+    if manifest is not None and manifest.draft_vocab is not None:
+        dv = manifest.draft_vocab
+        return {"file": dv.file, "size": dv.size, "head_dtype": dv.head_dtype,
+                "coverage": dv.coverage}  # fmt: skip
+    if (directory / DRAFT_VOCAB_IDS_NAME).is_file():
+        return {"file": DRAFT_VOCAB_IDS_NAME, "size": None, "head_dtype": None, "coverage": None}
+    return None
+
+
+def inspect_checkpoint(
+    spec: str, *, revision: str | None = None, draft_vocab_size: int = 32768
+) -> InspectReport:
+    """Build the inspect report for a local directory or a Hub repo id (headers only)."""
+    source: Source
+    if looks_like_repo_id(spec):
+        source, files = remote_checkpoint(spec, revision)
+    else:
+        source = _resolve_local(spec, revision)
+        files = load_files(source)
+    configs = load_quant_configs(source.directory)
+    layout = detect_layout(configs.config, files.tensors)
+    decl = declared_quant(configs)
+    drafter_modules = {module_of(n) for n in layout.drafter_tensors}
+    findings = _layout_findings(layout)
+    findings += audit_quant_configs(configs, linear_modules(files.tensors), drafter_modules)
+    manifest = read_manifest(source.directory) if source.repo_id is None else None
+    if manifest is not None:
+        findings = _variant_findings(findings, manifest)
+    cost = draft_cost(layout, files.tensors, draft_vocab_size) if layout.has_drafter else None
+    return InspectReport(
+        source=spec,
+        family=layout.family,
+        model_type=layout.model_type,
+        quant_method=decl.method,
+        quant_algo=decl.algo,
+        exclude_modules=list(decl.exclude),
+        kv_cache_algo=decl.kv_cache_algo,
+        mtp_layers_declared=layout.declared_layers,
+        mtp_layers_found=layout.found_layers,
+        drafter=_rows(layout, files, configs),
+        findings=findings,
+        cost=cost,
+        shards=len(files.shards),
+        total_bytes=files.total_tensor_bytes,
+        draft_vocab=_draft_vocab_info(source.directory, manifest),
+        variant=_variant_info(manifest),
+    )

@@ -1,0 +1,228 @@
+"""The conversion plan, built from headers only and validated before any write.
+
+It says, shard by shard, what is hard-linked and what is rewritten, which
+drafter linears become FP8, which NVFP4 scale tensors disappear, where the
+draft head goes, and how many bytes change.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles
+from mtpconv.checkpoint.writer import TensorSpec
+from mtpconv.errors import ConversionError, LayoutError, OutputError
+from mtpconv.layouts import Linear, MtpLayout
+from mtpconv.manifest import DRAFT_HEAD_NAME, MANIFEST_NAME
+
+# Files we write ourselves; everything else of the source is linked or copied.
+OWN_FILES = frozenset({"config.json", "hf_quant_config.json", INDEX_NAME, MANIFEST_NAME})
+
+
+@dataclass(frozen=True)
+class OutTensor:
+    """One tensor of a rewritten shard: copied verbatim, or produced by a step."""
+
+    spec: TensorSpec
+    kind: str  # "copy" | "fp8_weight" | "fp8_scale" | "draft_head" | "draft_head_scale"
+    source: str | None = None  # source tensor name for "copy"
+    linear: Linear | None = None
+
+
+@dataclass
+class ShardPlan:
+    file: str
+    action: str  # "link" | "rewrite"
+    tensors: list[OutTensor] = field(default_factory=list)
+
+    @property
+    def out_bytes(self) -> int:
+        return sum(t.spec.nbytes for t in self.tensors)
+
+
+@dataclass(frozen=True)
+class DraftHeadPlan:
+    rows: int
+    hidden: int
+    dtype: str  # "fp8" | "bf16"
+    source_tensor: str
+    tensor: str  # output weight name
+
+
+@dataclass
+class ConversionPlan:
+    source_dir: Path
+    layout: MtpLayout
+    shards: list[ShardPlan]
+    linears: list[Linear]
+    dropped: list[str]  # NVFP4 scale tensors that the FP8 weight replaces
+    other_files: list[str]  # non-weight files linked/copied as they are
+    bytes_before: int
+    bytes_after: int
+    draft_head: DraftHeadPlan | None = None
+    sharded: bool = True
+
+    @property
+    def rewritten(self) -> list[ShardPlan]:
+        return [s for s in self.shards if s.action == "rewrite"]
+
+    @property
+    def linked(self) -> list[ShardPlan]:
+        return [s for s in self.shards if s.action == "link"]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "family": self.layout.family,
+            "fp8_linears": [lin.module for lin in self.linears],
+            "dropped_tensors": self.dropped,
+            "rewritten_shards": [s.file for s in self.rewritten],
+            "linked_shards": [s.file for s in self.linked],
+            "other_files": self.other_files,
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "draft_head": None if self.draft_head is None else {
+                "tensor": self.draft_head.tensor, "rows": self.draft_head.rows,
+                "dtype": self.draft_head.dtype, "source_tensor": self.draft_head.source_tensor},
+        }  # fmt: skip
+
+
+def check_destination(source_dir: Path, dst: Path) -> None:
+    """Refuse a destination equal to, or inside, the source (or the reverse)."""
+    src = Path(os.path.realpath(source_dir))
+    out = Path(os.path.realpath(dst))
+    if out == src or src in out.parents:
+        raise OutputError(f"destination {dst} is inside the source {source_dir}; choose a "
+                          "directory outside the source checkpoint.")  # fmt: skip
+    if out in src.parents:
+        raise OutputError(f"destination {dst} contains the source {source_dir}; choose "
+                          "another directory.")  # fmt: skip
+
+
+def draft_head_name(layout: MtpLayout) -> str:
+    if layout.family not in ("qwen3_5", "qwen3_5_moe", "qwen3_next", "generic_mtp"):
+        raise ConversionError(
+            f"a truncated draft head is served by the plugin for Qwen3.5 / Qwen3-Next drafters; "
+            f"this checkpoint is {layout.family}. Run without --draft-vocab."
+        )
+    return f"{layout.drafter_prefixes[0]}{DRAFT_HEAD_NAME.split('.', 1)[1]}.weight"
+
+
+def _other_files(source_dir: Path, files: CheckpointFiles) -> list[str]:
+    shards = set(files.shards)
+    out = []
+    for root, dirs, names in os.walk(source_dir):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            rel = os.path.relpath(os.path.join(root, name), source_dir)
+            if rel in shards or rel in OWN_FILES or name.startswith("."):
+                continue
+            out.append(rel)
+    return out
+
+
+def build_plan(
+    files: CheckpointFiles,
+    layout: MtpLayout,
+    *,
+    draft_vocab_rows: int | None = None,
+    draft_head_dtype: str = "fp8",
+) -> ConversionPlan:
+    """Decide every output tensor from headers; raise before anything is written."""
+    if not layout.has_drafter:
+        raise LayoutError(
+            f"{files.directory} has no MTP drafter tensors ({layout.family}); there is nothing "
+            "to convert. Run `mtpconv inspect` to see what the checkpoint holds."
+        )
+    if not layout.linears:
+        raise LayoutError(f"the {layout.family} drafter of {files.directory} has no linear layers.")
+    already = [lin.module for lin in layout.linears if lin.stored == "fp8"]
+    if already:
+        raise ConversionError(
+            f"{files.directory} already has an FP8 drafter ({already[0]} is FP8): it looks like an "
+            "-mtpfp8 variant. Convert the original checkpoint instead."
+        )
+    by_weight = {lin.weight: lin for lin in layout.linears}
+    dropped = [name for lin in layout.linears for name in lin.aux]
+    dropped_set = set(dropped)
+    head_plan = None
+    if draft_vocab_rows is not None:
+        head_plan = _draft_head_plan(files, layout, draft_vocab_rows, draft_head_dtype)
+    # The shard holding the most drafter tensors receives the draft head.
+    drafter_set = set(layout.drafter_tensors)
+    counts = {f: sum(1 for n in h.tensors if n in drafter_set) for f, h in files.shards.items()}
+    head_shard = max(counts, key=lambda f: counts[f])
+
+    shards: list[ShardPlan] = []
+    for file, header in files.shards.items():
+        names = [n for n in header.tensors if files.weight_map.get(n) == file]
+        touched = any(n in by_weight or n in dropped_set for n in names)
+        if not touched and not (head_plan and file == head_shard):
+            shards.append(ShardPlan(file, "link"))
+            continue
+        plan = ShardPlan(file, "rewrite")
+        for name in sorted(names, key=lambda n: header.tensors[n].start):
+            info = header.tensors[name]
+            if name in dropped_set:
+                continue
+            lin = by_weight.get(name)
+            if lin is None:
+                plan.tensors.append(OutTensor(TensorSpec(name, info.dtype, info.shape), "copy",
+                                              source=name))  # fmt: skip
+                continue
+            _check_shape(lin)
+            plan.tensors.append(OutTensor(TensorSpec(name, "F8_E4M3", lin.shape), "fp8_weight",
+                                          linear=lin))  # fmt: skip
+            scale_shape = (lin.shape[0],) if len(lin.shape) == 3 else ()
+            plan.tensors.append(OutTensor(TensorSpec(lin.fp8_scale_name, "F32", scale_shape),
+                                          "fp8_scale", linear=lin))  # fmt: skip
+        if head_plan and file == head_shard:
+            plan.tensors.append(OutTensor(
+                TensorSpec(head_plan.tensor, "F8_E4M3" if head_plan.dtype == "fp8" else "BF16",
+                           (head_plan.rows, head_plan.hidden)), "draft_head"))  # fmt: skip
+            if head_plan.dtype == "fp8":
+                scale_name = head_plan.tensor[: -len("weight")] + "weight_scale"
+                plan.tensors.append(OutTensor(TensorSpec(scale_name, "F32", ()),
+                                              "draft_head_scale"))  # fmt: skip
+        shards.append(plan)
+
+    before = files.total_tensor_bytes
+    after = sum(
+        s.out_bytes if s.action == "rewrite"
+        else sum(t.nbytes for n, t in files.shards[s.file].tensors.items()
+                 if files.weight_map.get(n) == s.file)
+        for s in shards
+    )  # fmt: skip
+    return ConversionPlan(
+        source_dir=files.directory, layout=layout, shards=shards, linears=list(layout.linears),
+        dropped=dropped, other_files=_other_files(files.directory, files), bytes_before=before,
+        bytes_after=after, draft_head=head_plan, sharded=files.index_file is not None,
+    )  # fmt: skip
+
+
+def _check_shape(lin: Linear) -> None:
+    if any(d == 0 for d in lin.shape):
+        raise ConversionError(f"{lin.weight} has an empty shape {list(lin.shape)}; the "
+                              "checkpoint is corrupt.")  # fmt: skip
+
+
+def _draft_head_plan(
+    files: CheckpointFiles, layout: MtpLayout, rows: int, dtype: str
+) -> DraftHeadPlan:
+    if dtype not in ("fp8", "bf16"):
+        raise ConversionError(f"--draft-head-dtype must be fp8 or bf16, not {dtype!r}.")
+    tensor = draft_head_name(layout)
+    if tensor in files.tensors:
+        raise ConversionError(f"{files.directory} already has {tensor}; it is already a variant "
+                              "with a draft head. Convert the original checkpoint instead.")  # fmt: skip
+    source = layout.lm_head
+    if source is None and layout.tie_word_embeddings:
+        source = layout.embedding
+    if source is None:
+        raise LayoutError(f"{files.directory} has no lm_head.weight (and the embeddings are not "
+                          "tied), so there are no head rows to slice for the draft head.")  # fmt: skip
+    info = files.tensors[source]
+    hidden = info.shape[1] * (2 if info.dtype == "U8" else 1)
+    return DraftHeadPlan(rows=rows, hidden=hidden, dtype=dtype, source_tensor=source,
+                         tensor=tensor)  # fmt: skip
