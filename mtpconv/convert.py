@@ -105,7 +105,7 @@ def pick_device(device: str) -> torch.device:
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The raw little-endian bytes of a CPU tensor, without a copy when contiguous."""
     flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager

@@ -264,7 +264,7 @@ def _drafter_linears(drafter: list[str], tensors: Mapping[str, TensorInfo]) -> l
                     f"{name}: NVFP4 drafter weights must be 2-D packed [out, in/2]; got "
                     f"{list(info.shape)}. This layout is not supported yet."
                 )
-            shape = (info.shape[0], info.shape[1] * 2)
+            shape: tuple[int, ...] = (info.shape[0], info.shape[1] * 2)
         elif stored in ("plain", "fp8") and _is_linear_weight(name, info):
             shape = info.shape
         else:

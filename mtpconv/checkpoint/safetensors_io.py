@@ -14,7 +14,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import torch
 
@@ -180,14 +180,14 @@ def read_header(path: str | os.PathLike[str], *, file: str | None = None) -> Saf
     return parse_header_bytes(raw, file=label, data_size=size - 8 - n, data_start=8 + n)
 
 
-def read_tensor_bytes(f: BinaryIO, info: TensorInfo) -> bytearray:
+def read_tensor_bytes(f: IO[bytes], info: TensorInfo) -> bytearray:
     """The raw bytes of one tensor from an open file."""
     f.seek(info.start)
     buf = bytearray(info.nbytes)
     view = memoryview(buf)
     got = 0
     while got < info.nbytes:
-        n = f.readinto(view[got:])
+        n = f.readinto(view[got:])  # type: ignore[attr-defined]
         if not n:
             raise CheckpointFormatError(
                 f"{info.file}: tensor {info.name!r} is cut short at byte {info.start + got}; "

@@ -38,10 +38,7 @@ class QuantError:
 def fp8_scale(w: torch.Tensor) -> torch.Tensor:
     """Per-tensor (2-D) or per-expert (3-D) float32 scale of ``w``."""
     w32 = w.to(torch.float32)
-    if w32.dim() == 3:
-        amax = w32.abs().amax(dim=(1, 2))
-    else:
-        amax = w32.abs().amax()
+    amax = w32.abs().amax(dim=(1, 2)) if w32.dim() == 3 else w32.abs().amax()
     return torch.clamp(amax, min=_TINY) / FP8_MAX
 
 

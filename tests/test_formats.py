@@ -1,0 +1,83 @@
+"""FP8 and NVFP4 math against hand-computed values and torch's own casts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtpconv.formats.fp8 import FP8_MAX, dequantize_fp8, fp8_scale, quant_error, quantize_fp8
+from mtpconv.formats.nvfp4 import dequantize_nvfp4, pack_e2m1_codes, unpack_e2m1_codes
+
+
+def test_fp8_scale_is_amax_over_448() -> None:
+    w = torch.tensor([[1.0, -896.0], [3.0, 0.5]])
+    assert float(fp8_scale(w)) == 2.0
+    q = quantize_fp8(w)
+    assert q.scale.dtype == torch.float32 and q.scale.dim() == 0
+    # 896/2 = 448 exactly, 1/2 = 0.5, 3/2 = 1.5, 0.5/2 = 0.25: all exact in e4m3
+    assert q.weight.to(torch.float32).tolist() == [[0.5, -448.0], [1.5, 0.25]]
+
+
+def test_fp8_matches_torch_cast() -> None:
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 48, generator=g).to(torch.bfloat16)
+    q = quantize_fp8(w)
+    scale = w.float().abs().max() / 448.0
+    expected = (w.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(q.weight.view(torch.uint8), expected.view(torch.uint8))
+    assert float(q.scale) == float(scale)
+
+
+def test_fp8_rounds_to_nearest() -> None:
+    # amax 448 -> scale 1; 17 lies between e4m3 values 16 and 18 (tie -> even mantissa: 16),
+    # 17.5 rounds to 18, 0.3 to the nearest e4m3 value 0.3125.
+    w = torch.tensor([[448.0, 17.0, 17.5, 0.3]])
+    q = quantize_fp8(w).weight.to(torch.float32)
+    assert q.tolist() == [[448.0, 16.0, 18.0, 0.3125]]
+
+
+def test_fp8_fused_experts_one_scale_each() -> None:
+    w = torch.stack([torch.full((2, 3), 4.48), torch.full((2, 3), 44.8)])
+    q = quantize_fp8(w)
+    assert q.scale.shape == (2,)
+    assert torch.allclose(q.scale, torch.tensor([0.01, 0.1]))
+    assert torch.allclose(dequantize_fp8(q.weight, q.scale), w, rtol=0.07)
+
+
+def test_fp8_all_zero_is_finite() -> None:
+    q = quantize_fp8(torch.zeros(4, 4))
+    assert float(q.scale) > 0
+    assert torch.equal(dequantize_fp8(q.weight, q.scale), torch.zeros(4, 4))
+
+
+def test_fp8_error_stats() -> None:
+    w = torch.tensor([[448.0, 17.0]])
+    err = quant_error(w, quantize_fp8(w))
+    assert err.max_abs == 1.0
+    assert err.amax == 448.0
+    assert err.rel_l2 == pytest.approx(1.0 / float(torch.linalg.vector_norm(w)))
+    assert FP8_MAX == 448.0
+
+
+def test_e2m1_nibble_order() -> None:
+    # byte 0x21: element 0 = low nibble 1 (0.5), element 1 = high nibble 2 (1.0)
+    packed = torch.tensor([[0x21, 0xF8]], dtype=torch.uint8)
+    assert unpack_e2m1_codes(packed).tolist() == [[1, 2, 8, 15]]
+    codes = torch.randint(0, 16, (3, 32), dtype=torch.uint8)
+    assert torch.equal(unpack_e2m1_codes(pack_e2m1_codes(codes)), codes)
+
+
+def test_nvfp4_dequant_hand_computed() -> None:
+    # 32 inputs = 2 groups; codes 0..15 then 15..0
+    codes = torch.cat([torch.arange(16), torch.arange(15, -1, -1)]).reshape(1, 32).to(torch.uint8)
+    scales = torch.tensor([[2.0, 0.5]]).to(torch.float8_e4m3fn)
+    w = dequantize_nvfp4(pack_e2m1_codes(codes), scales, torch.tensor(3.0))
+    table = [0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6]
+    expected = [v * 2.0 * 3.0 for v in table] + [v * 0.5 * 3.0 for v in reversed(table)]
+    assert w.tolist() == [expected]
+
+
+def test_nvfp4_rejects_bad_groups() -> None:
+    with pytest.raises(ValueError, match="groups"):
+        dequantize_nvfp4(torch.zeros(1, 16, dtype=torch.uint8),
+                         torch.ones(1, 1).to(torch.float8_e4m3fn), torch.tensor(1.0))  # fmt: skip
