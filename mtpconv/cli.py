@@ -109,17 +109,15 @@ def publish_cmd(
     ] = False,
 ) -> None:
     """Verify a -mtpfp8 variant against its manifest, write its model card, upload it."""
-    from mtpconv.hub import publish
+    from mtpconv.hub import plan_publish, upload_plan
     from mtpconv.model_card import human_bytes
 
     with console.byte_progress() as progress:
-        result = publish(
+        plan = plan_publish(
             directory, repo_id=repo_id, private=private, revision=revision,
             create_pr=create_pr, token=token, commit_message=commit_message,
-            dry_run=dry_run, keep_card=keep_card, notify=console.info, progress=progress,
-            show_progress=not console.is_quiet() and console.err_console.is_terminal,
+            keep_card=keep_card, offline=dry_run, notify=console.info, progress=progress,
         )  # fmt: skip
-    plan = result.plan
     if dry_run:
         where = plan.repo_id + (f" @ {plan.revision}" if plan.revision else "")
         where += " as a pull request" if plan.create_pr else ""
@@ -131,6 +129,10 @@ def publish_cmd(
         if plan.card is not None:
             typer.echo("\n--- README.md (generated) ---\n" + plan.card.rstrip())
         return
+    result = upload_plan(
+        plan, token=token, notify=console.info,
+        show_progress=not console.is_quiet() and console.err_console.is_terminal,
+    )  # fmt: skip
     console.info(f"Published {plan.repo_id}.")
     typer.echo(result.pr_url or result.commit_url or result.repo_url or plan.repo_id)
 

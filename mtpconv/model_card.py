@@ -1,0 +1,290 @@
+"""The ``README.md`` model card of a ``-mtpfp8`` variant.
+
+Every number on the card comes from the variant itself: the manifest
+(``mtpconv.json``) and the safetensors headers of the files it lists. Nothing is
+estimated from a model name, and a fact that is not recorded (the license of a
+local source, for instance) is stated as unknown rather than guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from huggingface_hub import ModelCardData
+from huggingface_hub.repocard import metadata_load
+
+from mtpconv import __version__
+from mtpconv.checkpoint.safetensors_io import TensorInfo, read_header
+from mtpconv.errors import ManifestError
+from mtpconv.manifest import MANIFEST_NAME, Manifest
+
+CARD_NAME = "README.md"
+CARD_TAGS = ["mtp", "fp8", "speculative-decoding", "vllm"]
+# The variant only does what it is for in vLLM with the mtpconv plugin; a
+# transformers label would advertise a loading path that ignores the FP8 drafter.
+LIBRARY_NAME = "vllm"
+SPECULATIVE_CONFIG = '{"method":"mtp","num_speculative_tokens":2}'
+INSTALL_COMMAND = 'pip install "mtpconv[vllm]"'
+_LICENSE_FILES = ("LICENSE", "LICENSE.md", "LICENSE.txt", "LICENCE", "COPYING")
+
+
+@dataclass(frozen=True)
+class LicenseInfo:
+    """The source's license as far as the variant records it."""
+
+    license: str | None
+    license_name: str | None = None
+    license_link: str | None = None
+    found_in: str | None = None  # "README.md", "mtpconv.json", "LICENSE", or None
+
+
+def variant_tensors(directory: str | os.PathLike[str], manifest: Manifest) -> dict[str, TensorInfo]:
+    """Every tensor of the variant, from the headers of the safetensors files it lists."""
+    tensors: dict[str, TensorInfo] = {}
+    for rel in sorted(manifest.files):
+        if rel.endswith(".safetensors"):
+            tensors.update(read_header(Path(directory) / rel, file=rel).tensors)
+    return tensors
+
+
+def find_license(directory: str | os.PathLike[str], manifest: Manifest) -> LicenseInfo:
+    """The source license: README front matter, then the manifest, then a LICENSE file."""
+    directory = Path(directory)
+    readme = directory / CARD_NAME
+    if readme.is_file():
+        try:
+            meta = metadata_load(readme) or {}
+        except Exception:  # a hand-written README with broken YAML carries no license
+            meta = {}
+        if isinstance(meta.get("license"), str):
+            return LicenseInfo(
+                meta["license"], _str_or_none(meta.get("license_name")),
+                _str_or_none(meta.get("license_link")), CARD_NAME,
+            )  # fmt: skip
+    for key in ("license", "license_name"):
+        value = manifest.source.get(key)
+        if isinstance(value, str) and value:
+            return LicenseInfo(
+                _str_or_none(manifest.source.get("license")),
+                _str_or_none(manifest.source.get("license_name")),
+                _str_or_none(manifest.source.get("license_link")), MANIFEST_NAME,
+            )  # fmt: skip
+    for name in _LICENSE_FILES:
+        if (directory / name).is_file():
+            return LicenseInfo(None, None, name, name)
+    return LicenseInfo(None)
+
+
+def build_model_card(directory: str | os.PathLike[str], manifest: Manifest, repo_id: str) -> str:
+    """The full ``README.md`` text (YAML front matter + body) for ``repo_id``."""
+    directory = Path(directory)
+    source_repo = _str_or_none(manifest.source.get("repo_id"))
+    lic = find_license(directory, manifest)
+    tensors = variant_tensors(directory, manifest)
+
+    data: dict[str, Any] = {"library_name": LIBRARY_NAME, "tags": list(CARD_TAGS)}
+    if source_repo:
+        data["base_model"] = source_repo
+        data["base_model_relation"] = "quantized"
+    if lic.license:
+        data["license"] = lic.license
+        if lic.license_name:
+            data["license_name"] = lic.license_name
+        if lic.license_link:
+            data["license_link"] = _absolute_link(lic.license_link, directory, manifest)
+    front = ModelCardData(**data).to_yaml()
+
+    body = [
+        f"# {repo_id.split('/')[-1]}",
+        "",
+        f"{_source_phrase(manifest)} with its Multi-Token-Prediction (MTP) drafter converted "
+        f"by [mtpconv](https://pypi.org/project/mtpconv/) {manifest.tool.get('version', '?')}. "
+        "Only the drafter changed: every tensor outside it is byte-identical to the source, "
+        "and draft tokens are still verified by the target model, so outputs are unchanged; "
+        "drafting gets cheaper.",
+        "",
+        *_changes_section(manifest, tensors),
+        *_error_section(manifest),
+        *_vocab_section(manifest),
+        "## Usage",
+        "",
+        "```bash",
+        INSTALL_COMMAND,
+        f"vllm serve {repo_id} --speculative-config '{SPECULATIVE_CONFIG}'",
+        "```",
+        "",
+        "The mtpconv vLLM plugin (installed with the package, loaded automatically) builds the "
+        "FP8 drafter from `mtpconv.json`. Stock vLLM without the plugin refuses this checkpoint "
+        "rather than loading the FP8 drafter as BF16.",
+        "",
+        *_license_section(lic, source_repo),
+    ]
+    return f"---\n{front}\n---\n\n" + "\n".join(body).rstrip() + "\n"
+
+
+def _changes_section(manifest: Manifest, tensors: dict[str, TensorInfo]) -> list[str]:
+    linears = manifest.drafter.fp8_linears
+    after = before = 0
+    for name in linears:
+        weight = tensors.get(f"{name}.weight")
+        if weight is None:
+            raise ManifestError(
+                f"{MANIFEST_NAME} lists FP8 linear {name!r} but no tensor {name}.weight is in "
+                "the variant's safetensors files; re-run `mtpconv quantize-mtp`."
+            )
+        scale = tensors.get(f"{name}.weight_scale")
+        after += weight.nbytes + (scale.nbytes if scale else 0)
+        before += weight.numel * 2
+    lines = [
+        "## What changed",
+        "",
+        f"- {len(linears)} drafter linears are FP8 e4m3 with per-tensor scales "
+        f"(`{manifest.drafter.weight_scheme}` weights, `{manifest.drafter.activation_scheme}` "
+        "activation scales).",
+        "",
+        "| read per draft step | before | after |",
+        "|---|---|---|",
+        f"| {len(linears)} drafter linears | {human_bytes(before)} if BF16 ¹ "
+        f"| {human_bytes(after)} (FP8 + scales) |",
+    ]
+    dv = manifest.draft_vocab
+    if dv is not None:
+        head = tensors.get(dv.head_tensor)
+        if head is None:
+            raise ManifestError(
+                f"{MANIFEST_NAME} names draft head {dv.head_tensor!r}, which is not in the "
+                "variant's safetensors files; re-run `mtpconv build-draft-vocab`."
+            )
+        scale = tensors.get(f"{dv.head_tensor}_scale")
+        head_after = head.nbytes + (scale.nbytes if scale else 0)
+        full = _full_lm_head(tensors, manifest.drafter.prefix)
+        full_cell = (
+            f"{human_bytes(full[1].nbytes)} (`{full[0]}` {list(full[1].shape)}, {full[1].dtype})"
+            if full
+            else "not found in the variant"
+        )
+        lines.append(
+            f"| LM head used by the drafter | {full_cell} | {human_bytes(head_after)} "
+            f"(`{dv.head_tensor}` {list(head.shape)}, {dv.head_dtype}) |"
+        )
+    lines += [
+        "",
+        "¹ The same weights at 2 bytes each; `mtpconv.json` does not record the source's "
+        "storage dtype. Every other figure is read from this variant's safetensors headers.",
+        "",
+    ]
+    return lines
+
+
+def _error_section(manifest: Manifest) -> list[str]:
+    errs = {k: v for k, v in manifest.quantization_error.items() if isinstance(v, dict)}
+    rel = {k: float(v["rel_l2"]) for k, v in errs.items() if "rel_l2" in v}
+    mab = {k: float(v["max_abs"]) for k, v in errs.items() if "max_abs" in v}
+    lines = ["## FP8 quantization error", ""]
+    if not rel and not mab:
+        return [*lines, "Not recorded in `mtpconv.json`.", ""]
+    lines += ["| statistic | value | tensor |", "|---|---|---|"]
+    if rel:
+        worst = max(rel, key=lambda k: rel[k])
+        lines.append(f"| max relative L2 error | {rel[worst]:.3e} | `{worst}` |")
+        lines.append(
+            f"| mean relative L2 error | {sum(rel.values()) / len(rel):.3e} "
+            f"| over {len(rel)} tensors |"
+        )
+    if mab:
+        worst = max(mab, key=lambda k: mab[k])
+        lines.append(f"| max absolute error | {mab[worst]:.3e} | `{worst}` |")
+    return [*lines, "", "Per-tensor figures are in `mtpconv.json` (`quantization_error`).", ""]
+
+
+def _vocab_section(manifest: Manifest) -> list[str]:
+    dv = manifest.draft_vocab
+    lines = ["## Draft vocabulary", ""]
+    if dv is None:
+        return [*lines, "None: the drafter scores the full vocabulary.", ""]
+    lines.append(
+        f"- {dv.size:,} token ids (`{dv.file}`), head `{dv.head_tensor}` in {dv.head_dtype}."
+    )
+    if dv.coverage is not None:
+        lines.append(f"- Coverage of the corpus: {100 * dv.coverage:.2f}%.")
+    if dv.corpus:
+        desc = ", ".join(f"{k}: {_plain(v)}" for k, v in dv.corpus.items())
+        lines.append(f"- Corpus: {desc}.")
+    else:
+        lines.append("- Corpus: not recorded.")
+    return [*lines, "", "Draft ids outside this set are never proposed; verification by the "
+            "target still covers the full vocabulary.", ""]  # fmt: skip
+
+
+def _license_section(lic: LicenseInfo, source_repo: str | None) -> list[str]:
+    lines = ["## Source and license", ""]
+    if source_repo:
+        lines.append(f"- Source: [{source_repo}](https://huggingface.co/{source_repo}).")
+    if lic.license and lic.found_in:
+        name = f" ({lic.license_name})" if lic.license_name else ""
+        lines.append(f"- License: `{lic.license}`{name}, carried over from the source's "
+                     f"`{lic.found_in}`. The source's terms apply to this variant.")  # fmt: skip
+    elif lic.found_in:
+        lines.append(f"- License: see `{lic.found_in}`, copied from the source. The source's "
+                     "terms apply to this variant.")  # fmt: skip
+    else:
+        lines.append("- License: unknown (the source's license is not recorded in this "
+                     "variant). Check the source's terms before use.")  # fmt: skip
+    lines.append(f"- `{MANIFEST_NAME}` records the source and the sha256 of every file; "
+                 f"card generated by mtpconv {__version__}.")  # fmt: skip
+    return lines
+
+
+def _full_lm_head(tensors: dict[str, TensorInfo], prefix: str) -> tuple[str, TensorInfo] | None:
+    for name in sorted(tensors):
+        if (name == "lm_head.weight" or name.endswith(".lm_head.weight")) and not (
+            prefix and name.startswith(prefix)
+        ):
+            return name, tensors[name]
+    return None
+
+
+def _absolute_link(link: str, directory: Path, manifest: Manifest) -> str:
+    """A relative license link stays valid only if the file travels with the variant."""
+    if "://" in link or (directory / link).is_file():
+        return link
+    repo = manifest.source.get("repo_id")
+    if not repo:
+        return link
+    rev = manifest.source.get("revision") or "main"
+    return f"https://huggingface.co/{repo}/blob/{rev}/{PurePosixPath(link)}"
+
+
+def _source_phrase(manifest: Manifest) -> str:
+    repo = manifest.source.get("repo_id")
+    if repo:
+        return f"[{repo}](https://huggingface.co/{repo})"
+    path = manifest.source.get("path")
+    name = PurePosixPath(str(path).replace("\\", "/")).name if path else "a local checkpoint"
+    return f"The local checkpoint `{name}`"
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, float | str):
+        return str(value)
+    return json.dumps(value, sort_keys=True)
+
+
+def human_bytes(n: int) -> str:
+    """``1.50 MiB``-style size (exact bytes below 1 KiB)."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{size:.2f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
