@@ -41,6 +41,7 @@ class Spec:
     exclude: list[str] | None = None  # NVFP4 exclude_modules; default: NVIDIA's (mtp.fc gap)
     shards: int = 1
     tie_word_embeddings: bool = False
+    quant_head: bool = False  # store lm_head in NVFP4 too (with quant="nvfp4")
     declare_mtp: bool = True  # write mtp_num_hidden_layers / num_nextn_predict_layers
     write_mtp: bool = True  # write the MTP tensors
     seed: int = 0
@@ -259,7 +260,8 @@ def write_checkpoint(directory: str | Path, spec: Spec | None = None, **kw: Any)
     stored: dict[str, torch.Tensor] = {}
     for name, w in tensors.items():
         mode = s.drafter_quant if name in drafter_set else s.quant
-        if mode == "nvfp4" and _quantizable(name, w):
+        head = s.quant_head and name == "lm_head.weight"
+        if mode == "nvfp4" and (_quantizable(name, w) or head):
             mod = name[: -len(".weight")]
             for k, v in to_nvfp4(w, g).items():
                 stored[f"{mod}.{k}"] = v
