@@ -368,7 +368,9 @@ def _write_variant(
         finally:
             reader.close()
         report.errors = job.errors
-        digests.update({rel: f.result() for rel, f in hashes.items()})
+        # The model card is the publisher's to replace (`mtpconv publish` generates one),
+        # so README.md is carried along but not pinned by the manifest.
+        digests.update({rel: f.result() for rel, f in hashes.items() if rel != "README.md"})
         src_files = {rel: f.result() for rel, f in source_digests.items()}
 
     digests["config.json"] = write_json(tmp / "config.json", dumps_config(new_config))
@@ -381,7 +383,6 @@ def _write_variant(
     if ids is not None and ids_path is not None and plan.draft_head is not None:
         shutil.copyfile(ids_path, tmp / DRAFT_VOCAB_IDS_NAME)
         digests[DRAFT_VOCAB_IDS_NAME] = sha256_file(tmp / DRAFT_VOCAB_IDS_NAME)
-        src_files[str(ids_path)] = digests[DRAFT_VOCAB_IDS_NAME]
         draft_section = DraftVocabSection(
             size=int(ids.numel()), file=DRAFT_VOCAB_IDS_NAME,
             sha256=digests[DRAFT_VOCAB_IDS_NAME], head_tensor=plan.draft_head.tensor,

