@@ -1,0 +1,96 @@
+"""Hub repo ids as sources: the HF cache layout (snapshots linking into blobs), offline."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from mtpconv.convert import quantize_mtp
+from mtpconv.inspect import inspect_checkpoint
+from mtpconv.manifest import read_manifest
+from tests.factories import Spec, write_checkpoint
+from tests.helpers import raw_tensors, run_cli
+
+REPO = "acme/tiny-qwen3.5-moe"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _populate_cache(hf_home: Path, src: Path) -> Path:
+    """Lay ``src`` out as huggingface_hub's cache does: snapshot files link into blobs/."""
+    repo = hf_home / "hub" / f"models--{REPO.replace('/', '--')}"
+    snapshot = repo / "snapshots" / COMMIT
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    for path in sorted(src.iterdir()):
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        blob = repo / "blobs" / digest
+        blob.write_bytes(path.read_bytes())
+        (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
+    return snapshot
+
+
+@pytest.fixture
+def cached_repo(tmp_path: Path) -> Path:
+    src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5_moe", quant="nvfp4", vlm=True, shards=3))
+    return _populate_cache(Path(os.environ["HF_HOME"]), src)
+
+
+def test_quantize_from_repo_id_offline(cached_repo: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "v"
+    report = quantize_mtp(REPO, dst, device="cpu")
+    assert report.linked == 3  # two shards and generation_config.json
+    manifest = read_manifest(dst)
+    assert manifest is not None
+    assert manifest.source["repo_id"] == REPO and manifest.source["path"] is None
+    # the blob names are the sha256 of the files they hold
+    for name, digest in manifest.source["files"].items():
+        assert hashlib.sha256((cached_repo / name).read_bytes()).hexdigest() == digest
+    before = raw_tensors(cached_repo)
+    after = raw_tensors(dst)
+    assert all(after[n] == v for n, v in before.items() if not n.startswith("mtp."))
+
+
+def test_missing_repo_offline_is_one_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["quantize-mtp", "acme/does-not-exist", "/tmp/nowhere-mtpconv"], capsys)
+    assert code == 1 and err.startswith("Error:") and "cache" in err and err.count("\n") == 1
+
+
+def test_remote_inspect_reads_headers(cached_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """inspect of a repo id fetches configs and safetensors metadata, never tensor data."""
+    import huggingface_hub
+    from huggingface_hub import errors as hf_errors
+    from huggingface_hub.utils import SafetensorsFileMetadata, SafetensorsRepoMetadata, TensorInfo
+
+    from mtpconv.checkpoint.safetensors_io import read_header
+
+    def fake_download(repo_id: str, filename: str, revision: str | None = None, **_: object) -> str:
+        assert repo_id == REPO
+        path = cached_repo / filename
+        if not path.exists():
+            raise hf_errors.EntryNotFoundError(f"{filename} not found")
+        return str(path)
+
+    def fake_metadata(self: object, repo_id: str, revision: str | None = None, **_: object) -> object:
+        index = json.loads((cached_repo / "model.safetensors.index.json").read_text())
+        files = {}
+        for file in sorted(set(index["weight_map"].values())):
+            h = read_header(cached_repo / file)
+            tensors = {n: TensorInfo(dtype=t.dtype, shape=list(t.shape),  # type: ignore[arg-type]
+                                     data_offsets=(t.start - h.data_start, t.end - h.data_start))
+                       for n, t in h.tensors.items()}  # fmt: skip
+            files[file] = SafetensorsFileMetadata(metadata=h.metadata or {}, tensors=tensors)
+        return SafetensorsRepoMetadata(metadata=None, sharded=True, weight_map=index["weight_map"],
+                                       files_metadata=files)  # fmt: skip
+
+    monkeypatch.setattr("mtpconv.checkpoint.source.hf_hub_download", fake_download, raising=False)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(huggingface_hub.HfApi, "get_safetensors_metadata", fake_metadata)
+    report = inspect_checkpoint(REPO)
+    assert report.family == "qwen3_5_moe" and report.shards == 3
+    assert [f.module for f in report.findings if f.code == "plain-declared-quantized"] == ["mtp.fc"]
