@@ -203,6 +203,70 @@ def fix_exclusions_cmd(
         render_fix(report)
 
 
+@app.command("build-draft-vocab")
+def build_draft_vocab_cmd(
+    source: SourceArg,
+    corpus: Annotated[
+        list[str],
+        typer.Option("--corpus", help="Text/JSONL/Parquet file (.gz ok) or directory; repeatable."),
+    ],
+    size: Annotated[int, typer.Option("--size", min=1, help="K: number of draft vocab ids.")],
+    output: Annotated[
+        str, typer.Option("--output", "-o", help="Ids file to write (+ OUTPUT.json sidecar).")
+    ] = "mtp_draft_vocab_ids.pt",
+    revision: RevisionOpt = None,
+    text_field: Annotated[
+        str, typer.Option("--text-field", help="JSONL field / Parquet column with the text.")
+    ] = "text",
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", min=1, help="Stop after counting N tokens.")
+    ] = None,
+    eval_corpus: Annotated[
+        list[str] | None,
+        typer.Option("--eval-corpus", help="Held-out corpus for coverage only; repeatable."),
+    ] = None,
+    balance_tp: Annotated[
+        int | None,
+        typer.Option("--balance-tp", min=1, help="Same number of ids in each of N vocab shards."),
+    ] = None,
+    plot: Annotated[
+        str | None, typer.Option("--plot", help="Write the coverage curve as a PNG.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Count token frequencies with the checkpoint's tokenizer; keep the top-K ids."""
+    from rich.table import Table
+
+    from mtpconv.draft_vocab import build_draft_vocab, resolve_tokenizer_source
+
+    directory, described = resolve_tokenizer_source(source, revision)
+    with console.byte_progress() as progress:
+        r = build_draft_vocab(
+            directory, corpus, size, output, text_field=text_field, max_tokens=max_tokens,
+            eval_corpora=eval_corpus or (), balance_tp=balance_tp, plot=plot,
+            progress=progress, source_description=described,
+        )  # fmt: skip
+    if as_json:
+        console.emit_json(r.to_dict())
+        return
+    console.info(f"Counted {r.corpus.tokens:,} tokens in {len(r.corpus.files)} file(s) in "
+                 f"{r.seconds:.1f} s ({r.tokens_per_second:,.0f} tokens/s)"
+                 + (" (stopped at --max-tokens)" if r.corpus.truncated else "") + ".")  # fmt: skip
+    held_out = {p.size: p.coverage for p in r.eval.coverage_table} if r.eval else {}
+    table = Table(title=f"Coverage of {r.corpus.tokens:,} corpus tokens", title_justify="left")
+    table.add_column("draft vocab size", justify="right")
+    table.add_column("corpus", justify="right")
+    if r.eval:
+        table.add_column(f"held-out ({r.eval.corpus.tokens:,} tokens)", justify="right")
+    for p in r.coverage_table:
+        row = [f"{p.size:,}" + (" (K)" if p.size == r.size else ""), f"{p.coverage:.2%}"]
+        table.add_row(*row, *([f"{held_out[p.size]:.2%}"] if r.eval else []))
+    console.out_console.print(table)
+    plotted = f"; plot {r.plot}" if r.plot else ""
+    typer.echo(f"Wrote {r.output} ({r.size:,} of {r.vocab_size:,} ids, coverage "
+               f"{r.coverage:.2%}) and {r.sidecar}{plotted}.")  # fmt: skip
+
+
 def _debug_enabled() -> bool:
     return os.environ.get(_DEBUG_ENV, "") not in ("", "0")
 

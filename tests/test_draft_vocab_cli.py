@@ -1,0 +1,118 @@
+"""`mtpconv build-draft-vocab` through the real Typer app."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpconv.cli import app, main
+from mtpconv.errors import DraftVocabError
+from tests.tokenizer_factory import generate_text, write_tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = write_tiny_tokenizer(tmp_path_factory.mktemp("ckpt"), vocab_size=512)
+    (d / "config.json").write_text(json.dumps({"vocab_size": 512, "eos_token_id": 2}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("corpus") / "c.jsonl"
+    p.write_text("".join(json.dumps({"text": t}) + "\n" for t in generate_text(400, seed=5)))
+    return p
+
+
+def _run_main(args: list[str]) -> tuple[int, str, str]:
+    """Run the console-script entry point (which maps errors to one line) in isolation."""
+    runner = CliRunner()
+    with runner.isolation() as (out, err, _):
+        try:
+            main(args)
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        return code, out.getvalue().decode(), err.getvalue().decode()
+
+
+def test_json_output(source: Path, corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ids.pt"
+    result = CliRunner().invoke(app, ["build-draft-vocab", str(source), "--corpus", str(corpus),
+                                      "--size", "64", "-o", str(out), "--eval-corpus",
+                                      str(corpus), "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["size"] == 64 and doc["output"] == str(out)
+    assert doc["eval"]["coverage"] == doc["coverage"]  # same text held out
+    assert out.exists() and Path(str(out) + ".json").exists()
+
+
+def test_table_output(source: Path, corpus: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["build-draft-vocab", str(source), "--corpus", str(corpus),
+                                      "--size", "32", "-o", str(tmp_path / "ids.pt"),
+                                      "--balance-tp", "2"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "Coverage of" in result.stdout and "32 (K)" in result.stdout
+    assert f"Wrote {tmp_path / 'ids.pt'} (32 of 512 ids" in result.stdout
+
+
+def test_default_output_name(source: Path, corpus: Path, tmp_path: Path) -> None:
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        result = CliRunner().invoke(app, ["build-draft-vocab", str(source), "--corpus",
+                                          str(corpus), "--size", "16"])  # fmt: skip
+    finally:
+        os.chdir(cwd)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "mtp_draft_vocab_ids.pt").exists()
+
+
+def test_bad_input_exit_1(source: Path, corpus: Path, tmp_path: Path) -> None:
+    args = ["build-draft-vocab", str(source), "--corpus", str(corpus), "--size", "30",
+            "-o", str(tmp_path / "ids.pt"), "--balance-tp", "4"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and isinstance(result.exception, DraftVocabError)
+    code, out, err = _run_main(args)
+    assert code == 1 and out == ""
+    assert err.strip().splitlines() == [
+        "Error: --size 30 is not divisible by --balance-tp 4; pick a multiple of 4."]  # fmt: skip
+    assert not (tmp_path / "ids.pt").exists()
+
+
+def test_binary_corpus_one_error_line(source: Path, tmp_path: Path) -> None:
+    blob = tmp_path / "blob.txt"
+    blob.write_bytes(bytes(range(256)) * 4)
+    code, _, err = _run_main(["build-draft-vocab", str(source), "--corpus", str(blob),
+                              "--size", "16", "-o", str(tmp_path / "ids.pt")])  # fmt: skip
+    assert code == 1
+    (line,) = err.strip().splitlines()
+    assert line.startswith("Error: corpus file ") and "blob.txt" in line and "binary" in line
+
+
+def test_hub_repo_id_offline(source: Path, corpus: Path, tmp_path: Path) -> None:
+    """A repo id resolves through the HF cache (HF_HUB_OFFLINE=1 from conftest)."""
+    missing = _run_main(["build-draft-vocab", "acme/absent", "--corpus", str(corpus),
+                         "--size", "16", "-o", str(tmp_path / "x.pt")])  # fmt: skip
+    assert missing[0] == 1 and "not in the local Hugging Face cache" in missing[2]
+
+    repo = Path(os.environ["HF_HOME"]) / "hub" / "models--acme--tiny"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, snapshot / name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    result = CliRunner().invoke(app, ["build-draft-vocab", "acme/tiny", "--corpus", str(corpus),
+                                      "--size", "16", "-o", str(tmp_path / "ids.pt"),
+                                      "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["source"] == {"repo_id": "acme/tiny", "revision": None,
+                                                   "path": None}  # fmt: skip
