@@ -51,6 +51,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import translate
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +82,6 @@ FINDING_CODES = (
 
 _VLM_PREFIXES = ("model.language_model.", "language_model.")
 _VISION_MARKERS = ("vision_tower", "vision_model", "vit_large_projector")
-# Leaves vLLM fuses into one layer; a pattern must never single out one of them.
-_FUSED_SHARDS = frozenset(
-    {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj",
-     "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"}
-)  # fmt: skip
 # Router gates: vLLM's Qwen3-Next / Qwen3.5 MoE blocks build them with no quant config.
 _ROUTER_GATES = (".mlp.gate", ".mlp.shared_expert_gate")
 _SUPPORTED_METHODS = ("modelopt", "compressed-tensors", "fp8", "none")
@@ -108,9 +104,7 @@ def _load_json_object(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise QuantConfigError(
-            f"{path} is not UTF-8 text ({exc}); restore the original file."
-        ) from exc
+        raise QuantConfigError(f"{path} is not UTF-8 text ({exc}); restore the original file.") from exc
     except OSError as exc:
         raise QuantConfigError(f"{path} cannot be read: {exc.strerror or exc}.") from exc
     try:
@@ -132,9 +126,7 @@ def load_quant_configs(directory: Path) -> QuantConfigs:
     directory = Path(directory)
     config_path = directory / CONFIG_JSON
     if not config_path.is_file():
-        raise QuantConfigError(
-            f"{config_path} is missing: a checkpoint directory needs its config.json."
-        )
+        raise QuantConfigError(f"{config_path} is missing: a checkpoint directory needs its config.json.")
     config = _load_json_object(config_path)
     hf_quant_path: Path | None = directory / HF_QUANT_JSON
     hf_quant: dict[str, Any] | None = None
@@ -230,9 +222,7 @@ def _config_quant_location(config: dict[str, Any]) -> tuple[tuple[str, ...], dic
     if isinstance(text, dict) and text.get("quantization_config") is not None:
         qc = text["quantization_config"]
         if not isinstance(qc, dict):
-            raise QuantConfigError(
-                "config.json 'text_config.quantization_config' must be an object."
-            )
+            raise QuantConfigError("config.json 'text_config.quantization_config' must be an object.")
         return ("text_config", "quantization_config"), qc
     cc = config.get("compression_config")
     if cc is not None:
@@ -338,9 +328,7 @@ def _declared_from_qc(qc: dict[str, Any], source: str,
 
 def _declared_from_hf_quant(hf_quant: dict[str, Any]) -> DeclaredQuant:
     if "quantization" not in hf_quant:
-        raise QuantConfigError(
-            f"{HF_QUANT_JSON} has no 'quantization' object; restore the original file."
-        )
+        raise QuantConfigError(f"{HF_QUANT_JSON} has no 'quantization' object; restore the original file.")
     return _modelopt_from_quantization(hf_quant["quantization"], HF_QUANT_JSON)
 
 
@@ -381,25 +369,49 @@ def _drafter_alias(module: str) -> str | None:
     return None
 
 
-def _names(module: str) -> tuple[str, ...]:
-    alias = _drafter_alias(module)
-    return (module,) if alias is None else (module, alias)
+# vLLM (Qwen3.5 / Qwen3-Next ``packed_modules_mapping``) fuses these checkpoint leaves.
+_FUSED_INTO = {
+    "q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
+    "in_proj_qkv": "in_proj_qkvz", "in_proj_z": "in_proj_qkvz",
+    "in_proj_a": "in_proj_ba", "in_proj_b": "in_proj_ba",
+}  # fmt: skip
+
+
+@lru_cache(maxsize=1 << 18)
+def _vllm_view(module: str) -> tuple[str, str]:
+    """``(shard, layer)``: the names vLLM matches a checkpoint module under.
+
+    ``layer`` is the vLLM layer prefix (fused leaf, or ``...experts`` for a routed expert);
+    ``shard`` is the unfused name vLLM compares *exact* patterns with. A VLM-prefixed
+    drafter module is seen as ``mtp.<rest>`` (the MTP classes are built with prefix mtp).
+    """
+    base = _drafter_alias(module) or module
+    parts = base.split(".")
+    if "experts" in parts[:-1]:
+        layer = ".".join(parts[: parts.index("experts") + 1])
+        return layer, layer
+    fused = _FUSED_INTO.get(parts[-1])
+    if fused is None:
+        return base, base
+    return base, ".".join([*parts[:-1], fused])
 
 
 class _OnePattern:
     """One exclusion pattern compiled for the method's matching rule."""
 
-    __slots__ = ("pattern", "_literals", "_regexes", "_exact")
+    __slots__ = ("pattern", "_forms", "_literals", "_regexes", "_exact")
 
     def __init__(self, pattern: str, method: str, source: str) -> None:
         self.pattern = pattern
+        self._forms: tuple[str, ...] = (pattern,)
         self._literals: tuple[str, ...] = ()
         self._regexes: tuple[re.Pattern[str], ...] = ()
         self._exact = False
         if method == "modelopt":
-            forms = _expand_pattern(pattern)
-            self._literals = forms  # exact match is implied by substring match
-            self._regexes = tuple(re.compile(translate(f)) for f in forms if _is_glob(f))
+            self._forms = _expand_pattern(pattern)
+            self._literals = self._forms  # exact match on the layer is implied by substring
+            self._regexes = tuple(re.compile(translate(f)) for f in self._forms if _is_glob(f))
         elif method == "compressed-tensors" and pattern.startswith("re:"):
             try:
                 self._regexes = (re.compile(pattern[3:]),)
@@ -411,16 +423,20 @@ class _OnePattern:
             self._exact = True
 
     def matches(self, module: str) -> bool:
-        for name in _names(module):
-            if self._exact:
-                if name == self.pattern:
-                    return True
-                continue
-            if any(lit in name for lit in self._literals):
-                return True
-            if any(rx.match(name) for rx in self._regexes):
-                return True
-        return False
+        shard, layer = _vllm_view(module)
+        if not self._regex_only and (shard in self._forms or layer in self._forms):
+            return True  # exact, on the layer or (vLLM's shard expansion) on the shard
+        if self._exact:
+            return False
+        if any(lit in layer for lit in self._literals):
+            return True  # ModelOpt substring
+        # ModelOpt fnmatch-es the layer; compressed-tensors re.match-es layer, then shards.
+        names = (layer,) if self._literals or shard == layer else (layer, shard)
+        return any(rx.match(n) for rx in self._regexes for n in names)
+
+    @property
+    def _regex_only(self) -> bool:
+        return self.pattern.startswith("re:") and not self._literals
 
 
 def _is_glob(pattern: str) -> bool:
@@ -456,7 +472,7 @@ class _ExcludeMatcher:
 
     def __init__(self, method: str, patterns: Iterable[str], source: str) -> None:
         self.patterns = [_OnePattern(p, method, source) for p in patterns]
-        self._exact = frozenset(p.pattern for p in self.patterns if p._exact)
+        self._exact_forms = frozenset(f for p in self.patterns if not p._regex_only for f in p._forms)
         literals = sorted({lit for p in self.patterns for lit in p._literals}, key=len)
         self._literal_rx = re.compile(_trie_regex(literals)) if literals else None
         self._regexes = [rx for p in self.patterns for rx in p._regexes]
@@ -469,17 +485,15 @@ class _ExcludeMatcher:
         return [p.pattern for p in self.patterns if p.matches(module)]
 
     def excluded(self, module: str) -> bool:
-        for name in _names(module):
-            if name in self._exact:
-                return True
-            if self._literal_rx is not None and self._literal_rx.search(name):
-                return True
-            if self._glob_rx is not None:
-                if self._glob_rx.match(name):
-                    return True
-            elif any(rx.match(name) for rx in self._regexes):
-                return True
-        return False
+        shard, layer = _vllm_view(module)
+        if shard in self._exact_forms or layer in self._exact_forms:
+            return True
+        if self._literal_rx is not None and self._literal_rx.search(layer):
+            return True
+        if self._glob_rx is not None:
+            return self._glob_rx.match(layer) is not None
+        names = (layer,) if shard == layer else (layer, shard)
+        return any(rx.match(n) for rx in self._regexes for n in names)
 
 
 def pattern_matches(pattern: str, module: str, *, method: str = "modelopt") -> bool:
@@ -490,12 +504,13 @@ def pattern_matches(pattern: str, module: str, *, method: str = "modelopt") -> b
 def _mixed_lookup(layers: Mapping[str, str], module: str) -> str | None:
     """vLLM's ``_resolve_quant_algo`` in checkpoint-name space: the entry for the module or
     for one of its parents (e.g. ``...mlp.experts`` covers ``...mlp.experts.3.up_proj``)."""
-    cands = list(_names(module))
+    base = _drafter_alias(module) or module
+    cands = [base]
     for prefix_a, prefix_b in (("model.language_model.", "language_model.model."),
                                ("language_model.model.", "model.language_model.")):  # fmt: skip
-        if module.startswith(prefix_a):
-            cands.append(prefix_b + module[len(prefix_a) :])
-    if module.endswith(".lm_head"):
+        if base.startswith(prefix_a):
+            cands.append(prefix_b + base[len(prefix_a) :])
+    if base.endswith(".lm_head"):
         cands.append("lm_head")
     for cand in cands:
         algo = layers.get(cand)
@@ -578,18 +593,22 @@ def _unused_patterns(decl: DeclaredQuant, universe: list[str]) -> list[_OnePatte
     """Patterns of ``decl`` that match no module of ``universe``."""
     if decl.method == "none":
         return []
-    names = [n for m in universe for n in _names(m)]
+    views = {_vllm_view(m) for m in universe}
+    layers = sorted({layer for _, layer in views})
+    names = sorted({n for view in views for n in view})
     # Literals never contain a newline, so a substring hit in the joined text is a hit in
     # one name; this keeps the check linear for ~100k modules.
-    text = "\n".join(names)
+    text = "\n".join(layers)
     exact = set(names)
     unused = []
     for pat in decl.matcher().patterns:
-        if pat._exact:
-            hit = pat.pattern in exact
+        if not pat._regex_only and any(f in exact for f in pat._forms):
+            hit = True
+        elif pat._exact:
+            hit = False
         else:
             hit = any(lit in text for lit in pat._literals) or any(
-                rx.match(n) for rx in pat._regexes for n in names
+                rx.match(n) for rx in pat._regexes for n in (layers if pat._literals else names)
             )
         if not hit:
             unused.append(pat)
@@ -688,7 +707,7 @@ def audit_quant_configs(
             ))  # fmt: skip
     universe = list(dict.fromkeys([*stored, *all_modules]))
     for pat in _unused_patterns(decl, universe):
-            findings.append(Finding(
+        findings.append(Finding(
                 Severity.INFO, CODE_UNUSED_EXCLUSION, "",
                 f"exclusion {pat.pattern!r} in {decl.source} matches no module of this "
                 "checkpoint.",
@@ -718,10 +737,10 @@ def _candidates(module: str, method: str) -> list[str]:
         generic = re.sub(r"\.layers\.\d+(?=\.|$)", ".layers.*", prefix)
         if generic != prefix:
             out.append(generic + "*")
-    if expert_at is None and leaf not in _FUSED_SHARDS:
-        out.append(name)
+    if expert_at is None:
+        out.append(name)  # exact: vLLM expands fused layers to their shards for these
         generic = re.sub(r"\.layers\.\d+\.", ".layers.*.", name)
-        if generic != name:
+        if generic != name and leaf not in _FUSED_INTO:  # a glob never sees shard names
             out.append(generic)
     return out
 
@@ -866,9 +885,7 @@ def _drop_drafter_layers(hf_quant: dict[str, Any] | None, config: dict[str, Any]
         if not isinstance(layers, dict):
             return []
         gone = [
-            k
-            for k in layers
-            if any(covers(k, m) for m in drafter) and not any(covers(k, m) for m in others)
+            k for k in layers if any(covers(k, m) for m in drafter) and not any(covers(k, m) for m in others)
         ]
         for k in gone:
             del layers[k]
@@ -922,8 +939,7 @@ def variant_configs(
     for m in sorted(others):
         if [declared_format(d, m) for d in after_decls] != before[m]:
             raise QuantConfigError(
-                f"rewriting the exclusions would change how {m} is declared; fix the "
-                "exclusion list by hand."
+                f"rewriting the exclusions would change how {m} is declared; fix the exclusion list by hand."
             )
     return hf_quant, config
 
