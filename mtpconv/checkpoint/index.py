@@ -73,13 +73,32 @@ def _check_shard_path(directory: Path, rel: str, link_root: Path | None) -> Path
         raise CheckpointFormatError(
             f"{INDEX_NAME} names shard {rel!r}, which is outside the checkpoint directory."
         )
+    if str(pure) != rel:
+        # "./x", "x/" or "a//b" would alias "x" under a second name: the same file could
+        # then be hard-linked and rewritten in one output, writing through to the source.
+        raise CheckpointFormatError(
+            f"{INDEX_NAME} names shard {rel!r}, which is not a plain relative path; "
+            f"write it as {str(pure)!r}."
+        )
     path = directory / rel
-    root = (link_root or directory).resolve()
-    real = Path(os.path.realpath(path))
-    if path.exists() and root not in real.parents and real != root:
+    try:
+        root = (link_root or directory).resolve()
+        real = Path(os.path.realpath(path))
+        exists = path.exists()
+        is_file = path.is_file()
+    except OSError as exc:
+        raise CheckpointFormatError(
+            f"{INDEX_NAME} names shard {rel[:80]!r}, which cannot be opened "
+            f"({exc.strerror or exc})."
+        ) from None
+    if exists and root not in real.parents and real != root:
         raise CheckpointFormatError(
             f"shard {rel!r} is a link to {real}, outside the checkpoint directory; "
             "copy the file into the checkpoint instead."
+        )
+    if exists and not is_file:
+        raise CheckpointFormatError(
+            f"{INDEX_NAME} names shard {rel!r}, which is not a regular file in {directory}."
         )
     return path
 
