@@ -532,6 +532,7 @@ def _rewrite_in_place(directory: Path, hf_quant: dict[str, Any] | None,
         shutil.copy2(path, backup)
         backups.append(str(backup))
         tmp = directory / f".{name}.mtpconv-tmp"
+        tmp.unlink(missing_ok=True)  # left by a killed run; write_json never overwrites
         write_json(tmp, dumps_config(doc))
         os.replace(tmp, path)
     return backups

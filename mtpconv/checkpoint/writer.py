@@ -54,7 +54,12 @@ class HashingWriter:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
+        # "x": always a new file. Never truncate an existing one, which could be a hard
+        # link to a source file (the source must never be written through the output).
+        try:
+            self._f: BinaryIO = open(path, "xb")  # noqa: SIM115 - closed in close()
+        except OSError as exc:
+            raise _disk_error(exc, path) from None
         self._sha = hashlib.sha256()
         self.written = 0
 
