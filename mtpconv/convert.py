@@ -381,7 +381,11 @@ def _write_variant(
         digests[INDEX_NAME] = write_json(tmp / INDEX_NAME, _index_text(files, plan))
     draft_section = None
     if ids is not None and ids_path is not None and plan.draft_head is not None:
-        shutil.copyfile(ids_path, tmp / DRAFT_VOCAB_IDS_NAME)
+        ids_out = tmp / DRAFT_VOCAB_IDS_NAME
+        # The source may ship its own ids file, hard-linked above: replace the link, never
+        # write through it.
+        ids_out.unlink(missing_ok=True)
+        link_or_copy(Path(ids_path), ids_out, copy=True)
         digests[DRAFT_VOCAB_IDS_NAME] = sha256_file(tmp / DRAFT_VOCAB_IDS_NAME)
         draft_section = DraftVocabSection(
             size=int(ids.numel()), file=DRAFT_VOCAB_IDS_NAME,
