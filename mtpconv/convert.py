@@ -31,7 +31,7 @@ from mtpconv.checkpoint.writer import (
     write_json,
 )
 from mtpconv.errors import ConversionError, Interrupted, OutputError
-from mtpconv.formats.fp8 import QuantError, quant_error, quantize_fp8
+from mtpconv.formats.fp8 import Fp8Tensor, NonFiniteWeightError, QuantError, quantize_fp8_checked
 from mtpconv.formats.nvfp4 import dequantize_nvfp4
 from mtpconv.layouts import Linear, MtpLayout, detect_layout, linear_modules, module_of
 from mtpconv.manifest import (
@@ -143,8 +143,8 @@ class _SourceReader:
             f.close()
 
 
-def _float_weight(reader: _SourceReader, lin: Linear) -> torch.Tensor:
-    """The drafter weight as float32, dequantizing NVFP4 exactly."""
+def _source_weight(reader: _SourceReader, lin: Linear) -> torch.Tensor:
+    """The drafter weight as stored (float32 when NVFP4, dequantized exactly)."""
     if lin.stored == "nvfp4":
         module = lin.module
         return dequantize_nvfp4(
@@ -152,14 +152,15 @@ def _float_weight(reader: _SourceReader, lin: Linear) -> torch.Tensor:
             reader.tensor(f"{module}.weight_scale"),
             reader.tensor(f"{module}.weight_scale_2"),
         )
-    return reader.tensor(lin.weight).to(torch.float32)
+    return reader.tensor(lin.weight)
 
 
-def _check_finite(name: str, w: torch.Tensor) -> None:
-    if not bool(torch.isfinite(w).all()):
-        bad = int((~torch.isfinite(w)).sum())
-        raise ConversionError(f"{name} has {bad} NaN/Inf values; the source checkpoint is "
-                              "corrupt, so no FP8 drafter can be made from it.")  # fmt: skip
+def _quantize(name: str, w: torch.Tensor, device: torch.device) -> tuple[Fp8Tensor, QuantError]:
+    try:
+        return quantize_fp8_checked(w.to(device))
+    except NonFiniteWeightError as exc:
+        raise ConversionError(f"{name} has {exc.count} NaN/Inf values; the source checkpoint is "
+                              "corrupt, so no FP8 drafter can be made from it.") from None  # fmt: skip
 
 
 class _ShardJob:
@@ -194,10 +195,8 @@ class _ShardJob:
             writer.copy(name, self.reader.handle(info.file), info.start, info.nbytes)
         elif t.kind == "fp8_weight":
             assert t.linear is not None
-            w = _float_weight(self.reader, t.linear)
-            _check_finite(t.linear.weight, w)
-            fp8 = quantize_fp8(w.to(self.device))
-            self.errors[t.linear.module] = quant_error(w, _to_cpu(fp8))
+            fp8, error = _quantize(t.linear.weight, _source_weight(self.reader, t.linear), self.device)
+            self.errors[t.linear.module] = error
             writer.write(name, tensor_bytes(fp8.weight))
             self._pending_scale = fp8.scale
         elif t.kind == "fp8_scale":
@@ -207,8 +206,8 @@ class _ShardJob:
         elif t.kind == "draft_head":
             assert self.head_rows is not None
             if t.spec.dtype == "F8_E4M3":
-                fp8 = quantize_fp8(self.head_rows.to(self.device))
-                self.errors[module_of(name)] = quant_error(self.head_rows, _to_cpu(fp8))
+                fp8, error = _quantize(name, self.head_rows, self.device)
+                self.errors[module_of(name)] = error
                 writer.write(name, tensor_bytes(fp8.weight))
                 self._pending_scale = fp8.scale
             else:
@@ -221,24 +220,16 @@ class _ShardJob:
             raise AssertionError(t.kind)
 
 
-def _to_cpu(fp8: Any) -> Any:
-    from mtpconv.formats.fp8 import Fp8Tensor
-
-    return Fp8Tensor(weight=fp8.weight.cpu(), scale=fp8.scale.cpu())
-
-
 def _head_rows(reader: _SourceReader, files: CheckpointFiles, source: str,
                ids: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """``head[ids]`` in float32; for an NVFP4 head only the chosen rows are dequantized."""
+    """``head[ids]`` as stored; for an NVFP4 head only the chosen rows are dequantized."""
     info = files.tensors[source]
     if info.dtype == "U8":
         module = module_of(source)
         return dequantize_nvfp4(reader.tensor(source)[ids],
                                 reader.tensor(f"{module}.weight_scale")[ids],
                                 reader.tensor(f"{module}.weight_scale_2"))  # fmt: skip
-    rows = reader.tensor(source)[ids].to(torch.float32)
-    _check_finite(source, rows)
-    return rows
+    return reader.tensor(source)[ids]
 
 
 def _file_digest(path: Path) -> str:

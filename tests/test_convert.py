@@ -171,7 +171,7 @@ def test_failure_mid_write_leaves_nothing(nvfp4_vlm_moe: Path, tmp_path: Path,
     import mtpconv.convert as convert
 
     calls = {"n": 0}
-    real = convert.quantize_fp8
+    real = convert.quantize_fp8_checked
 
     def failing(w: torch.Tensor):  # type: ignore[no-untyped-def]
         calls["n"] += 1
@@ -179,7 +179,7 @@ def test_failure_mid_write_leaves_nothing(nvfp4_vlm_moe: Path, tmp_path: Path,
             raise OSError(28, "No space left on device")
         return real(w)
 
-    monkeypatch.setattr(convert, "quantize_fp8", failing)
+    monkeypatch.setattr(convert, "quantize_fp8_checked", failing)
     digest = tree_digest(nvfp4_vlm_moe)
     with pytest.raises(OSError):
         quantize_mtp(str(nvfp4_vlm_moe), tmp_path / "v", device="cpu")

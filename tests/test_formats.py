@@ -81,3 +81,38 @@ def test_nvfp4_rejects_bad_groups() -> None:
     with pytest.raises(ValueError, match="groups"):
         dequantize_nvfp4(torch.zeros(1, 16, dtype=torch.uint8),
                          torch.ones(1, 1).to(torch.float8_e4m3fn), torch.tensor(1.0))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_checked_path_matches_reference(dtype: torch.dtype) -> None:
+    """The 16-bit table path gives the reference bytes, scale and error statistics."""
+    from mtpconv.formats.fp8 import quantize_fp8_checked
+
+    g = torch.Generator().manual_seed(1)
+    w = (torch.randn(96, 80, generator=g) * 0.05).to(dtype)
+    w[0, :6] = torch.tensor([0.0, -0.0, 1e-7, -3.0, 2.5e-3, 7.0]).to(dtype)
+    got, err = quantize_fp8_checked(w)
+    ref = quantize_fp8(w)
+    assert torch.equal(got.weight.view(torch.uint8), ref.weight.view(torch.uint8))
+    assert torch.equal(got.scale, ref.scale)
+    ref_err = quant_error(w, ref)
+    assert err.max_abs == ref_err.max_abs and err.amax == ref_err.amax
+    assert err.rel_l2 == pytest.approx(ref_err.rel_l2, rel=1e-4)
+    w3 = torch.stack([w, w * 3])
+    got3, err3 = quantize_fp8_checked(w3)
+    ref3 = quantize_fp8(w3)
+    assert torch.equal(got3.weight.view(torch.uint8), ref3.weight.view(torch.uint8))
+    assert torch.equal(got3.scale, ref3.scale)
+    assert err3.rel_l2 == pytest.approx(quant_error(w3, ref3).rel_l2, rel=1e-4)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_checked_path_refuses_non_finite(bad: float) -> None:
+    from mtpconv.formats.fp8 import NonFiniteWeightError, quantize_fp8_checked
+
+    for dtype in (torch.bfloat16, torch.float32):
+        w = torch.ones(4, 4, dtype=dtype)
+        w[1, 2] = bad
+        with pytest.raises(NonFiniteWeightError) as exc:
+            quantize_fp8_checked(w)
+        assert exc.value.count == 1
