@@ -1,0 +1,168 @@
+"""What our drafter classes add to vLLM's: FP8 linears, the truncated draft head,
+and a stage-local forward.
+
+:class:`MtpconvDrafterMixin` goes first in the bases of a subclass of one of
+vLLM's MTP classes (``Qwen3_5MTP``, ``Qwen3_5MoeMTP``, ``Qwen3NextMTP``). Those
+all keep the drafter stack in ``self.model`` (embed_tokens, pre_fc_norm_*, fc,
+layers, norm) and load checkpoint names ``mtp.X`` as ``model.X``.
+
+Without ``mtpconv.json`` nothing is swapped or added: the class builds and loads
+exactly as vLLM's. The forward is stage-local in both cases; on one pipeline
+rank it computes what vLLM's does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, cast
+
+import torch
+from vllm.config import VllmConfig
+from vllm.distributed import tensor_model_parallel_all_gather
+from vllm.logger import init_logger
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.models.utils import maybe_prefix, sequence_parallel_chunk
+
+from mtpconv.vllm_plugin.quant import DrafterQuantConfig, DraftHeadQuantConfig
+from mtpconv.vllm_plugin.settings import DrafterSettings, drafter_settings
+
+logger = init_logger("vllm.plugins.mtpconv")
+
+DRAFT_HEAD_ATTR = "draft_lm_head"  # under self.model: checkpoint name mtp.draft_lm_head.*
+
+
+@contextmanager
+def _drafter_quant_config(vllm_config: VllmConfig, cfg: DrafterQuantConfig) -> Iterator[None]:
+    """Build the drafter's layers with ``cfg`` instead of the target's quant config."""
+    original = vllm_config.quant_config
+    vllm_config.quant_config = cfg
+    try:
+        yield
+    finally:
+        vllm_config.quant_config = original
+
+
+def stage_local_forward(
+    model: Any,
+    input_ids: torch.Tensor | None,
+    positions: torch.Tensor,
+    hidden_states: torch.Tensor,
+    inputs_embeds: torch.Tensor | None = None,
+    spec_step_idx: int = 0,
+) -> torch.Tensor:
+    """One MTP step over vLLM's predictor modules, independent of the PP rank.
+
+    vLLM runs the drafter only on the last pipeline stage, with weights built
+    there in full: so it always embeds here and always returns hidden states,
+    never IntermediateTensors for a next stage that does not exist for it.
+    """
+    if inputs_embeds is None:
+        inputs_embeds = model.embed_input_ids(input_ids)
+    inputs_embeds = model.pre_fc_norm_embedding(inputs_embeds)
+    hidden_states = model.pre_fc_norm_hidden(hidden_states)
+    hidden_states = model.fc(torch.cat([inputs_embeds, hidden_states], dim=-1))
+    layer = model.layers[spec_step_idx % model.num_mtp_layers]
+    scatter = bool(getattr(layer, "use_attn_reduce_scatter_for_moe", False))
+    if scatter:
+        hidden_states = sequence_parallel_chunk(hidden_states)
+    hidden_states, residual = layer(positions=positions, hidden_states=hidden_states, residual=None)
+    hidden_states, _ = model.norm(hidden_states, residual)
+    if scatter:
+        hidden_states = tensor_model_parallel_all_gather(hidden_states, 0)
+        hidden_states = hidden_states[: positions.shape[-1]]
+    return hidden_states
+
+
+class MtpconvDrafterMixin:
+    """Mixed in before one of vLLM's MTP model classes."""
+
+    model: Any
+    config: Any
+    packed_modules_mapping: dict[str, list[str]]
+    mtpconv: DrafterSettings | None
+    draft_logits_processor: LogitsProcessor | None
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        mc = vllm_config.model_config
+        text = getattr(mc, "hf_text_config", None) or mc.hf_config
+        settings = drafter_settings(mc.model, mc.revision, int(text.vocab_size))
+        if settings is None:
+            super().__init__(vllm_config=vllm_config, prefix=prefix)  # type: ignore[call-arg]
+            self.mtpconv = None
+            self.draft_logits_processor = None
+            return
+        base = vllm_config.quant_config
+        cfg = DrafterQuantConfig(base, settings.fp8_modules, type(self).packed_modules_mapping)
+        with _drafter_quant_config(vllm_config, cfg):
+            super().__init__(vllm_config=vllm_config, prefix=prefix)  # type: ignore[call-arg]
+        self.quant_config = base
+        self.mtpconv = settings
+        self.draft_logits_processor = None
+        head = settings.head
+        if head is not None:
+            k = int(head.ids.numel())
+            draft_head = ParallelLMHead(
+                k, int(self.config.hidden_size),
+                quant_config=DraftHeadQuantConfig() if head.dtype == "fp8" else None,
+                prefix=maybe_prefix(maybe_prefix(prefix, "mtp"), DRAFT_HEAD_ATTR),
+            )  # fmt: skip
+            self.model.add_module(DRAFT_HEAD_ATTR, draft_head)
+            ids = head.ids.to(cast(torch.Tensor, draft_head.weight).device)
+            self.model.register_buffer("draft_vocab_ids", ids, persistent=False)
+            self.draft_logits_processor = LogitsProcessor(k)
+        logger.info(
+            "mtpconv: drafter of %s with %d FP8 linears, draft head %s",
+            settings.model_dir, len(settings.fp8_modules),
+            "off" if head is None else f"{head.ids.numel()} rows {head.dtype}",
+        )  # fmt: skip
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> torch.Tensor:
+        """Stage-local: ``intermediate_tensors`` never reach the drafter's math."""
+        del intermediate_tensors, kwargs  # vLLM's classes ignore the step index too
+        return stage_local_forward(self.model, input_ids, positions, hidden_states, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor,
+                       spec_step_idx: int = 0) -> torch.Tensor | None:  # fmt: skip
+        """Full-vocabulary logits; ``-inf`` outside the draft ids when the head is truncated."""
+        if self.draft_logits_processor is None:
+            out = super().compute_logits(hidden_states, spec_step_idx)  # type: ignore[misc]
+            return cast("torch.Tensor | None", out)
+        sub: torch.Tensor | None = self.draft_logits_processor(
+            getattr(self.model, DRAFT_HEAD_ATTR), hidden_states)
+        if sub is None:
+            return None
+        full = sub.new_full((sub.shape[0], int(self.config.vocab_size)), float("-inf"))
+        full.index_copy_(1, self.model.draft_vocab_ids, sub)
+        return full
+
+    def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Greedy draft token ids in the target vocabulary (vLLM's local-argmax path)."""
+        if self.draft_logits_processor is None:
+            parent = getattr(super(), "get_top_tokens", None)
+            if parent is not None:
+                top: torch.Tensor = parent(hidden_states)
+                return top
+            logits = self.compute_logits(hidden_states)
+            assert logits is not None
+            return logits.argmax(dim=-1)
+        local = self.draft_logits_processor.get_top_tokens(
+            getattr(self.model, DRAFT_HEAD_ATTR), hidden_states)
+        ids: torch.Tensor = self.model.draft_vocab_ids
+        return ids[local]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """vLLM's loading; the draft head's tensors are skipped when it is switched off."""
+        if self.mtpconv is not None and self.draft_logits_processor is None:
+            weights = ((n, w) for n, w in weights if f".{DRAFT_HEAD_ATTR}." not in f".{n}")
+        loaded: set[str] = super().load_weights(weights)  # type: ignore[misc]
+        return loaded

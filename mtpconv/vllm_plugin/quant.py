@@ -1,0 +1,239 @@
+"""vLLM quantization config and methods for the drafter of a ``-mtpfp8`` variant.
+
+The drafter is built with the target's ``vllm_config`` and hence the target's
+quant config (DESIGN §6). :class:`DrafterQuantConfig` wraps it: drafter linears
+listed in the manifest get :class:`Fp8DrafterLinearMethod` (FP8 weight, one
+float32 scale per fused shard, dynamic activations), everything else is
+answered by the target's config exactly as stock vLLM would.
+:class:`DraftHeadQuantConfig` gives the FP8 draft head (a ``ParallelLMHead``,
+which vLLM's ``Fp8Config`` does not handle) its own method.
+
+We do not use vLLM's ``Fp8LinearMethod``: on CPUs without AMX it cannot load
+fused modules with per-shard scales and then upcasts the whole weight on every
+call (DESIGN §6). Our methods keep the weight FP8 and never widen it at load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.linear import (
+    LinearBase,
+    LinearMethodBase,
+    UnquantizedLinearMethod,
+)
+from vllm.model_executor.layers.quantization.base_config import (
+    QuantizationConfig,
+    QuantizeMethodBase,
+)
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScaleParameter
+from vllm.model_executor.utils import set_weight_attrs
+
+from mtpconv.errors import ManifestError
+from mtpconv.vllm_plugin.kernels import PreparedFp8, row_scales
+
+_UNSET = torch.finfo(torch.float32).min
+NAME = "mtpconv_fp8"
+
+
+def _mark_weight_loader_v2(cls: type) -> type:
+    """Let vLLM's linear layers load our parameters with their v2 loaders."""
+    from vllm.model_executor.layers import linear
+
+    register = getattr(linear, "register_weight_loader_v2_supported_method", None)
+    if register is not None:
+        register(cls)
+    elif cls.__name__ not in linear.WEIGHT_LOADER_V2_SUPPORTED:
+        linear.WEIGHT_LOADER_V2_SUPPORTED.append(cls.__name__)
+    return cls
+
+
+def _check_scales_loaded(layer: Any, scale: torch.Tensor) -> None:
+    if bool((scale == _UNSET).any()):
+        prefix = getattr(layer, "prefix", type(layer).__name__)
+        raise ManifestError(f"{prefix}: mtpconv.json lists it as FP8 but the checkpoint has no "
+                            "weight_scale for it; re-run `mtpconv quantize-mtp`.")  # fmt: skip
+
+
+def _kernel_of(layer: Any) -> PreparedFp8:
+    prepared: PreparedFp8 = layer.mtpconv_fp8
+    return prepared
+
+
+@_mark_weight_loader_v2
+class Fp8DrafterLinearMethod(LinearMethodBase):
+    """FP8 e4m3 weight, per-shard float32 scale, dynamic activations."""
+
+    def create_weights(
+        self,
+        layer: Any,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        loader = extra_weight_attrs.get("weight_loader")
+        layer.logical_widths = list(output_partition_sizes)
+        layer.orig_dtype = params_dtype
+        weight = ModelWeightParameter(
+            data=torch.empty(sum(output_partition_sizes), input_size_per_partition,
+                             dtype=torch.float8_e4m3fn),  # fmt: skip
+            input_dim=1, output_dim=0, weight_loader=loader,
+        )  # fmt: skip
+        layer.register_parameter("weight", weight)
+        scale = PerTensorScaleParameter(
+            data=torch.full((len(output_partition_sizes),), _UNSET, dtype=torch.float32),
+            weight_loader=loader,
+        )
+        set_weight_attrs(scale, {"scale_type": "weight_scale"})
+        layer.register_parameter("weight_scale", scale)
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        _check_scales_loaded(layer, layer.weight_scale.data)
+        rows = row_scales(layer.weight_scale.data, layer.logical_widths)
+        prepared = PreparedFp8(layer.weight.data, rows)
+        setattr(layer, "mtpconv_fp8", prepared)  # noqa: B010  (not a Module attribute)
+        # The layer keeps exactly one copy of the FP8 weight: the kernel's layout.
+        layer.weight = torch.nn.Parameter(prepared.weight, requires_grad=False)
+
+    def apply(self, layer: Any, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        return _kernel_of(layer).apply(x, bias)
+
+
+class Fp8DraftHeadMethod(QuantizeMethodBase):
+    """FP8 truncated draft head: FP8 rows, one per-tensor scale, dynamic activations."""
+
+    def create_weights(
+        self,
+        layer: Any,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        weight = torch.nn.Parameter(
+            torch.zeros(sum(output_partition_sizes), input_size_per_partition,
+                        dtype=torch.float8_e4m3fn),  # fmt: skip
+            requires_grad=False,
+        )
+        set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0})
+        set_weight_attrs(weight, extra_weight_attrs)
+        layer.register_parameter("weight", weight)
+        # No output_dim: vLLM's vocab loader copies it whole onto every rank.
+        scale = torch.nn.Parameter(torch.full((1,), _UNSET, dtype=torch.float32),
+                                   requires_grad=False)  # fmt: skip
+        set_weight_attrs(scale, extra_weight_attrs)
+        layer.register_parameter("weight_scale", scale)
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        _check_scales_loaded(layer, layer.weight_scale.data)
+        n = layer.weight.shape[0]
+        rows = layer.weight_scale.data.reshape(1).expand(n)
+        prepared = PreparedFp8(layer.weight.data, rows)
+        setattr(layer, "mtpconv_fp8", prepared)  # noqa: B010  (not a Module attribute)
+        layer.weight = torch.nn.Parameter(prepared.weight, requires_grad=False)
+
+    def apply(self, layer: Any, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        return _kernel_of(layer).apply(x, bias)
+
+
+def checkpoint_names(prefix: str, packed: dict[str, list[str]]) -> list[str]:
+    """Checkpoint module names (``mtp.…``) behind a vLLM module prefix.
+
+    ``mtp.layers.0.self_attn.qkv_proj`` -> the ``q_proj``, ``k_proj``, ``v_proj``
+    names; a prefix outside the drafter gives ``[]``.
+    """
+    if prefix.startswith("mtp."):
+        name = prefix
+    else:
+        at = prefix.find(".mtp.")
+        if at < 0:
+            return []
+        name = prefix[at + 1:]
+    head, _, last = name.rpartition(".")
+    if last in packed:
+        return [f"{head}.{part}" for part in packed[last]]
+    return [name]
+
+
+class DrafterQuantConfig(QuantizationConfig):
+    """FP8 for the manifest's drafter linears; the target's config for the rest."""
+
+    def __init__(self, base: QuantizationConfig | None, fp8_modules: frozenset[str],
+                 packed_modules_mapping: dict[str, list[str]]):  # fmt: skip
+        super().__init__()
+        self.base = base
+        self.fp8_modules = fp8_modules
+        self.packed_modules_mapping = dict(packed_modules_mapping)
+
+    def get_name(self) -> Any:
+        return NAME
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 0
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> DrafterQuantConfig:
+        raise NotImplementedError("built by the mtpconv plugin from mtpconv.json, never from a file")
+
+    def get_quant_method(self, layer: Any, prefix: str) -> QuantizeMethodBase | None:
+        if isinstance(layer, LinearBase):
+            names = checkpoint_names(prefix, self.packed_modules_mapping)
+            listed = [n in self.fp8_modules for n in names]
+            if names and all(listed):
+                return Fp8DrafterLinearMethod()
+            if any(listed):
+                raise ManifestError(f"{prefix}: mtpconv.json lists only some of {names} as FP8; "
+                                    "a fused module needs all its parts in one format.")  # fmt: skip
+            if self.base is None:
+                return UnquantizedLinearMethod()
+        experts = _fp8_experts_method(self, layer, prefix)
+        if experts is not None:
+            return experts
+        if self.base is None:
+            return None
+        return self.base.get_quant_method(layer, prefix)
+
+
+def _fp8_experts_method(cfg: DrafterQuantConfig, layer: Any,
+                        prefix: str) -> QuantizeMethodBase | None:  # fmt: skip
+    """The FP8 method for routed experts listed in the manifest, or None."""
+    from mtpconv.vllm_plugin import moe
+
+    if not moe.is_routed_experts(layer):
+        return None
+    names = checkpoint_names(prefix, {})
+    if not names:
+        return None
+    base = names[0] + "."
+    if not any(m.startswith(base) for m in cfg.fp8_modules):
+        return None
+    return moe.fp8_experts_method(layer)
+
+
+class DraftHeadQuantConfig(DrafterQuantConfig):
+    """Gives the FP8 draft head :class:`Fp8DraftHeadMethod`; nothing else."""
+
+    def __init__(self) -> None:
+        super().__init__(None, frozenset(), {})
+
+    def get_quant_method(self, layer: Any, prefix: str) -> QuantizeMethodBase | None:
+        if isinstance(layer, ParallelLMHead):
+            return Fp8DraftHeadMethod()
+        return None
