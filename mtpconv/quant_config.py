@@ -19,16 +19,24 @@ Exclusion matching (ModelOpt), as vLLM 0.32 does it
   substring of it, or ``fnmatch``-es it. Substring is why ``lm_head`` also excludes
   ``mtp.draft_lm_head``, and why ``mtp.layers.1*`` also excludes ``mtp.layers.10.*``.
 
-vLLM matches vLLM-side prefixes, after mapping both the patterns and the weight names
+vLLM matches its own layer prefixes, after mapping both the patterns and the weight names
 through the *target* model's ``hf_to_vllm_mapper`` (e.g. ``model.language_model.`` ->
-``language_model.model.``). Patterns and target names are mapped by the same prefix table,
-so matching in checkpoint-name space gives the same answer for target modules. The MTP
-drafter is different: ``Qwen3_5MTP`` / ``Qwen3NextMTP`` are built with prefix ``mtp`` and
-share the target's (already mapped) quant-config object, so a drafter layer is matched
-as ``mtp.<rest>`` whatever prefix the checkpoint stores it under. We therefore match a
-module under its stored name *and*, when it is stored as ``model.language_model.mtp.*`` or
-``language_model.mtp.*``, under ``mtp.*``; patterns we write for the drafter use the
-``mtp.*`` form, which matches both.
+``language_model.model.``). Patterns and target names go through the same prefix table, so
+for target modules matching in checkpoint-name space gives the same answer. Three things
+differ, and `_vllm_view` models them:
+
+- fused layers (``qkv_proj``, ``gate_up_proj``, ``in_proj_qkvz``, ``in_proj_ba``): substring
+  and fnmatch see the fused name; only exact patterns are checked shard by shard, so
+  ``*.q_proj`` excludes nothing while ``...self_attn.q_proj`` (exact) does;
+- routed experts are one layer ``...mlp.experts``: a per-expert pattern excludes nothing;
+- the MTP drafter: ``Qwen3_5MTP`` / ``Qwen3NextMTP`` are built with prefix ``mtp`` and share
+  the target's (already mapped) quant-config object, so a drafter module is matched as
+  ``mtp.<rest>`` even when stored as ``model.language_model.mtp.*`` (a pattern spelled
+  ``model.language_model.mtp.fc`` is mapped to ``language_model.model.mtp.fc`` and misses
+  it). Patterns we write for the drafter use the ``mtp.*`` form, which matches the stored
+  name too.
+
+``tests/test_quant_config.py`` checks this rule against vLLM's own ``is_layer_excluded``.
 
 vLLM also keeps layers whose prefix contains ``vision_tower``, ``vision_model`` or
 ``vit_large_projector`` unquantized whatever the config says. ``MIXED_PRECISION`` layers
@@ -36,11 +44,9 @@ not excluded are quantized only when ``quantized_layers`` lists them (or a paren
 compressed-tensors ``ignore`` entries match exactly or as ``re:`` regexes (``re.match``);
 the ``fp8`` method's ``ignored_layers`` / ``modules_to_not_convert`` match exactly.
 
-Fused vLLM layers. vLLM checks exclusions on its fused names (``qkv_proj``,
-``gate_up_proj``, ``in_proj_qkvz``, ``in_proj_ba``; routed experts as one
-``...mlp.experts`` layer). Only *exact* patterns are expanded to their shards, so the
-patterns we generate are either exact names of non-expert modules or subtree patterns
-``P*`` on a parent path, never a wildcard that singles out one shard or one expert.
+Generated patterns are exact names of non-expert modules or subtree patterns ``P*`` on a
+parent path (``.layers.*.`` wildcards only where no fused shard is singled out), each
+verified against every module that must keep its declaration.
 """
 
 from __future__ import annotations
@@ -61,7 +67,15 @@ from mtpconv.findings import Finding, Severity
 CONFIG_JSON = "config.json"
 HF_QUANT_JSON = "hf_quant_config.json"
 
-# Stable finding codes (inspect --json and the README document them).
+# Stable finding codes of `audit_quant_configs`:
+#   plain-declared-quantized  stored plain, declared quantized (the mtp.fc gap): error;
+#                             warning for Qwen MoE router gates, which vLLM never quantizes
+#   quantized-declared-plain  stored NVFP4/FP8, excluded or not declared quantized: error
+#   quant-format-mismatch     stored NVFP4 but declared FP8, or the reverse: error
+#   quant-configs-disagree    config.json vs hf_quant_config.json differ (names the keys): warning
+#   unused-exclusion          an exclusion pattern matches no module: info
+#   quant-config-invalid      a config cannot be read (malformed keys): error
+#   quant-method-unsupported  a quant_method whose exclusions mtpconv cannot audit: warning
 CODE_PLAIN_DECLARED_QUANTIZED = "plain-declared-quantized"
 CODE_QUANTIZED_DECLARED_PLAIN = "quantized-declared-plain"
 CODE_FORMAT_MISMATCH = "quant-format-mismatch"
@@ -616,12 +630,17 @@ def _unused_patterns(decl: DeclaredQuant, universe: list[str]) -> list[_OnePatte
 
 
 def _vllm_consequence_plain(module: str, algo: str) -> str:
-    base = (f"vLLM will build an {algo} layer for it and fail to load the unquantized weight "
-            "(shape/dtype mismatch)")  # fmt: skip
-    if module.endswith("mtp.fc") and algo == "NVFP4":
-        base += (" — vLLM 0.32's Qwen3.5/Qwen3-Next MTP code hard-codes mtp.fc as unquantized "
-                 "under NVFP4 as a workaround, other runtimes and quant algos do not")  # fmt: skip
-    return base
+    fails = (
+        f"vLLM will build an {algo} layer for it and fail to load the unquantized weight "
+        "(shape/dtype mismatch)"
+    )
+    if module.endswith("mtp.fc") and storage_format(algo) == "nvfp4":
+        return (
+            "vLLM 0.32 loads it only through a hard-coded exception for Qwen3.5/Qwen3-Next "
+            f"mtp.fc under NVFP4; without that exception (other versions, runtimes or quant "
+            f"algos) {fails}"
+        )
+    return fails
 
 
 def audit_quant_configs(

@@ -281,6 +281,17 @@ def test_declared_quantization_config_not_object() -> None:
         ("mtp.*", f"{VLM}mtp.fc", True),
         ("mtp.fc", f"{VLM}mtp.fc", True),
         (f"{VLM}layers.*", f"{VLM}mtp.layers.0.self_attn.q_proj", False),
+        (f"{VLM}mtp.fc", f"{VLM}mtp.fc", False),  # vLLM maps the pattern, not the drafter
+        # fused layers: globs see qkv_proj, exact patterns see the shard
+        ("*.q_proj", f"{VLM}layers.3.self_attn.q_proj", False),
+        (f"{VLM}layers.3.self_attn.q_proj", f"{VLM}layers.3.self_attn.q_proj", True),
+        (f"{VLM}layers.3.self_attn.q_proj*", f"{VLM}layers.3.self_attn.q_proj", True),
+        ("*.qkv_proj", f"{VLM}layers.3.self_attn.k_proj", True),
+        ("in_proj_ba", f"{VLM}layers.0.linear_attn.in_proj_a", True),
+        # routed experts are one vLLM layer
+        ("mtp.layers.0.mlp.experts.0.up_proj", "mtp.layers.0.mlp.experts.0.up_proj", False),
+        ("mtp.layers.0.mlp.experts", "mtp.layers.0.mlp.experts.0.up_proj", True),
+        ("*.experts", "mtp.layers.0.mlp.experts.gate_up_proj", True),
     ],
 )
 def test_modelopt_matching(pattern: str, module: str, expected: bool) -> None:
@@ -328,6 +339,7 @@ def test_audit_finds_the_mtp_fc_gap(vlm: bool, mtp_prefix: str) -> None:
     (gap,) = errors
     assert gap.code == CODE_PLAIN_DECLARED_QUANTIZED
     assert "NVFP4" in gap.message and "mtpconv fix-exclusions" in gap.message
+    assert "hard-coded exception" in gap.message
     assert "vLLM will build an NVFP4 layer" in gap.message
     assert not [f for f in findings if f.code == CODE_CONFIGS_DISAGREE]
 
