@@ -1,9 +1,29 @@
-"""FP8 routed experts of an MoE drafter (placeholder until implemented)."""
+"""FP8 routed experts of an MoE drafter.
+
+Each expert's ``gate_proj``/``up_proj``/``down_proj`` is stored FP8 with its own
+0-d scale (DESIGN §5). On CUDA, vLLM's own ``Fp8MoEMethod`` serves that format
+(per-tensor scales, dynamic activations). On CPU, vLLM's FP8 MoE kernels need
+AMX, so :class:`Fp8ExpertsLoopMethod` runs the routed experts one by one on the
+same FP8 kernels as the drafter's linears (:mod:`mtpconv.vllm_plugin.kernels`):
+weights stay FP8, nothing is widened at load. It loops over experts in Python,
+which suits the CPU test deployments it exists for, not large serving.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.nn.functional as F
+from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase, FusedMoEQuantConfig
 from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+from vllm.model_executor.utils import set_weight_attrs
+from vllm.platforms import current_platform
+
+from mtpconv.errors import ManifestError
+from mtpconv.vllm_plugin.kernels import PreparedFp8
+
+_UNSET = torch.finfo(torch.float32).min
 
 
 def is_routed_experts(layer: torch.nn.Module) -> bool:
@@ -14,6 +34,83 @@ def is_routed_experts(layer: torch.nn.Module) -> bool:
     return cls is not None and isinstance(layer, cls)
 
 
-def fp8_experts_method(layer: torch.nn.Module) -> QuantizeMethodBase:
-    """The FP8 method for an MoE drafter's routed experts."""
-    raise NotImplementedError("FP8 routed experts in the drafter are not supported yet")
+def fp8_experts_method(layer: Any, prefix: str) -> QuantizeMethodBase:
+    """The FP8 method for an MoE drafter's routed experts on this platform."""
+    if current_platform.is_cuda_alike():
+        from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+        method = Fp8Config(is_checkpoint_fp8_serialized=True,
+                           activation_scheme="dynamic").get_quant_method(layer, prefix)  # fmt: skip
+        assert method is not None
+        return method
+    return Fp8ExpertsLoopMethod(layer.moe_config)
+
+
+class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
+    """FP8 routed experts (per-expert, per-projection scales), one expert at a time."""
+
+    def create_weights(self, layer: Any, num_experts: int, hidden_size: int,
+                       intermediate_size_per_partition: int, params_dtype: torch.dtype,
+                       **extra_weight_attrs: Any) -> None:  # fmt: skip
+        from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
+
+        inter = intermediate_size_per_partition
+        w13 = torch.nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size,
+                                             dtype=torch.float8_e4m3fn), requires_grad=False)  # fmt: skip
+        w2 = torch.nn.Parameter(torch.empty(num_experts, hidden_size, inter,
+                                            dtype=torch.float8_e4m3fn), requires_grad=False)  # fmt: skip
+        for name, p in (("w13_weight", w13), ("w2_weight", w2)):
+            layer.register_parameter(name, p)
+            set_weight_attrs(p, extra_weight_attrs)
+        # One scale per expert for gate (w1) and up (w3), one for down (w2).
+        s13 = torch.nn.Parameter(torch.full((num_experts, 2), _UNSET, dtype=torch.float32),
+                                 requires_grad=False)  # fmt: skip
+        s2 = torch.nn.Parameter(torch.full((num_experts,), _UNSET, dtype=torch.float32),
+                                requires_grad=False)  # fmt: skip
+        for name, p in (("w13_weight_scale", s13), ("w2_weight_scale", s2)):
+            layer.register_parameter(name, p)
+            set_weight_attrs(p, extra_weight_attrs)
+            set_weight_attrs(p, {"quant_method": FusedMoeWeightScaleSupported.TENSOR.value})
+
+    def get_fused_moe_quant_config(self, layer: Any) -> FusedMoEQuantConfig | None:
+        return FusedMoEQuantConfig.make()
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        s13, s2 = layer.w13_weight_scale.data, layer.w2_weight_scale.data
+        if bool((s13 == _UNSET).any()) or bool((s2 == _UNSET).any()):
+            raise ManifestError(f"{getattr(layer, 'layer_name', 'experts')}: mtpconv.json lists the "
+                                "experts as FP8 but some have no weight_scale; re-run "
+                                "`mtpconv quantize-mtp`.")  # fmt: skip
+        inter = layer.w2_weight.shape[-1]
+        hidden = layer.w2_weight.shape[1]
+        self.gate_up: list[PreparedFp8] = []
+        self.down: list[PreparedFp8] = []
+        for e in range(layer.w13_weight.shape[0]):
+            rows13 = torch.repeat_interleave(s13[e], inter)
+            self.gate_up.append(PreparedFp8(layer.w13_weight.data[e], rows13))
+            self.down.append(PreparedFp8(layer.w2_weight.data[e], s2[e].reshape(1).expand(hidden)))
+        # Keep one copy of the FP8 weights: the kernels' layout, stacked.
+        for name, prepared in (("w13_weight", self.gate_up), ("w2_weight", self.down)):
+            stacked = torch.stack([p.weight for p in prepared])
+            for e, p in enumerate(prepared):
+                p.weight = stacked[e]
+            setattr(layer, name, torch.nn.Parameter(stacked, requires_grad=False))
+
+    def apply(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, shared_experts: Any,
+              shared_experts_input: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        # Without a modular kernel vLLM's runner adds the shared experts itself.
+        del shared_experts, shared_experts_input
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        expert_map = getattr(layer, "expert_map", None)
+        ids = topk_ids if expert_map is None else expert_map[topk_ids]
+        inter = layer.w2_weight.shape[-1]
+        for e in torch.unique(ids).tolist():
+            if e < 0:
+                continue
+            tok, slot = (ids == e).nonzero(as_tuple=True)
+            gate_up = self.gate_up[e].apply(x[tok])
+            act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+            y = self.down[e].apply(act).to(torch.float32)
+            out.index_add_(0, tok, y * topk_weights[tok, slot].to(torch.float32).unsqueeze(-1))
+        return out.to(x.dtype)

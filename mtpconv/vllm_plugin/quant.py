@@ -224,7 +224,7 @@ def _fp8_experts_method(cfg: DrafterQuantConfig, layer: Any,
     base = names[0] + "."
     if not any(m.startswith(base) for m in cfg.fp8_modules):
         return None
-    return moe.fp8_experts_method(layer)
+    return moe.fp8_experts_method(layer, prefix)
 
 
 class DraftHeadQuantConfig(DrafterQuantConfig):
