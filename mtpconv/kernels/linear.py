@@ -1,0 +1,246 @@
+"""``fp8_linear``: one call for every FP8 drafter linear, on the fastest path measured.
+
+Paths (``Fp8Path``), all computing ``x @ (w_fp8 * w_scale).T + bias``:
+
+``scaled_mm_fused``
+    Dynamic per-tensor activation scale computed and applied in ONE Triton
+    kernel, then per-tensor ``torch._scaled_mm`` (a per-row weight scale is
+    applied after a float32 GEMM). Fastest measured dynamic path on the H200
+    for 1-64 tokens with a per-tensor weight scale, and for 2-16 tokens with
+    per-row scales (docs/BENCHMARKS.md).
+``wo_triton``
+    Weight-only: FP8 weights converted in registers, activations stay
+    BF16/FP16, one Triton kernel. Fastest at one token with per-row scales;
+    its 2+-token (tensor-core) variant loses to the paths above.
+``scaled_mm_token``
+    Dynamic per-token activation quantization in one Triton kernel (weight
+    scale folded into the row scale), then ``torch._scaled_mm`` row-wise.
+``scaled_mm_token_torch``
+    The same with the quantization as torch ops (CUDA without Triton).
+``scaled_mm_tensor``
+    Dynamic per-tensor activation scale as torch ops + ``torch._scaled_mm``
+    (what a naive port does; kept as the measured baseline).
+``scaled_mm_static``
+    Static (calibrated) activation scale; needs ``input_scale``.
+``dequant``
+    Pure torch, any device: upcasts the weight on every call. Correct, slow;
+    the CPU fallback (the vLLM plugin has its own CPU kernel).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from enum import Enum
+from types import ModuleType
+
+import torch
+
+from mtpconv.kernels import reference
+
+# Selection thresholds measured on the H200 (docs/BENCHMARKS.md, per-linear
+# tables at Qwen3.5-27B shapes). With per-row weight scales: the weight-only
+# kernel up to WO_MAX_TOKENS, the fused path up to FUSED_PER_ROW_MAX_TOKENS,
+# row-wise ``torch._scaled_mm`` beyond.
+WO_MAX_TOKENS = 1
+FUSED_PER_ROW_MAX_TOKENS = 16
+_ENV_FORCE = "MTPCONV_FP8_PATH"
+
+
+class Fp8Path(str, Enum):
+    """The FP8 linear implementations this package can run."""
+
+    SCALED_MM_FUSED = "scaled_mm_fused"
+    WO_TRITON = "wo_triton"
+    SCALED_MM_TOKEN = "scaled_mm_token"
+    SCALED_MM_TOKEN_TORCH = "scaled_mm_token_torch"
+    SCALED_MM_TENSOR = "scaled_mm_tensor"
+    SCALED_MM_STATIC = "scaled_mm_static"
+    DEQUANT = "dequant"
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    """Whether ``triton`` is importable (checked without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def _triton() -> ModuleType:
+    from mtpconv.kernels import triton_fp8
+
+    return triton_fp8
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _fp8_mma(device: torch.device) -> bool:
+    """FP8 tensor-core matmul (``torch._scaled_mm``) needs sm_89 or newer."""
+    return device.type == "cuda" and _capability(device.index or 0) >= (8, 9)
+
+
+def available_paths(device: torch.device, *, static_scale: bool = False) -> list[Fp8Path]:
+    """Paths that can run on ``device`` (the order carries no preference)."""
+    paths = [Fp8Path.DEQUANT]
+    if device.type != "cuda":
+        return paths
+    if triton_available():
+        paths.append(Fp8Path.WO_TRITON)
+    if _fp8_mma(device):
+        paths += [Fp8Path.SCALED_MM_TOKEN_TORCH, Fp8Path.SCALED_MM_TENSOR]
+        if triton_available():
+            paths += [Fp8Path.SCALED_MM_FUSED, Fp8Path.SCALED_MM_TOKEN]
+        if static_scale:
+            paths.append(Fp8Path.SCALED_MM_STATIC)
+    return paths
+
+
+def select_path(
+    device: torch.device,
+    tokens: int,
+    *,
+    static_scale: bool = False,
+    per_row_scale: bool = False,
+) -> Fp8Path:
+    """The fastest measured path for ``tokens`` rows on ``device``.
+
+    ``MTPCONV_FP8_PATH`` forces a path (for debugging and benchmarks); a forced
+    path that cannot run here raises ``ValueError``.
+    """
+    forced = os.environ.get(_ENV_FORCE)
+    if forced:
+        path = Fp8Path(forced)
+        if path not in available_paths(device, static_scale=static_scale):
+            raise ValueError(f"{_ENV_FORCE}={forced} cannot run on {device}")
+        return path
+    if device.type != "cuda":
+        return Fp8Path.DEQUANT
+    triton = triton_available()
+    if not _fp8_mma(device):  # no FP8 tensor cores (before sm_89)
+        return Fp8Path.WO_TRITON if triton else Fp8Path.DEQUANT
+    if not triton:
+        return Fp8Path.SCALED_MM_TOKEN_TORCH if per_row_scale else Fp8Path.SCALED_MM_TENSOR
+    if per_row_scale:
+        if tokens <= WO_MAX_TOKENS:
+            return Fp8Path.WO_TRITON
+        if tokens <= FUSED_PER_ROW_MAX_TOKENS:
+            return Fp8Path.SCALED_MM_FUSED
+        return Fp8Path.SCALED_MM_TOKEN
+    return Fp8Path.SCALED_MM_FUSED
+
+
+@functools.lru_cache(maxsize=16)
+def _ones_scalar(device: torch.device) -> torch.Tensor:
+    return torch.ones((), dtype=torch.float32, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _ones_row(n: int, device: torch.device) -> torch.Tensor:
+    return torch.ones((1, n), dtype=torch.float32, device=device)
+
+
+def _weight_scale_row(w_scale: torch.Tensor, n: int) -> torch.Tensor:
+    s = w_scale.to(torch.float32)
+    return s.reshape(1, n) if s.numel() > 1 else _ones_row(n, s.device) * s.reshape(1, 1)
+
+
+def run_path(
+    path: Fp8Path,
+    x: torch.Tensor,
+    w_fp8: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    input_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run one named path (no selection). Shapes: ``x [..., K]``, ``w_fp8 [N, K]``."""
+    if path is Fp8Path.DEQUANT:
+        return reference.dequant_linear(x, w_fp8, w_scale, bias)
+    if path is Fp8Path.WO_TRITON:
+        y: torch.Tensor = _triton().wo_linear(x, w_fp8, w_scale, bias)
+        return y
+    lead = x.shape[:-1]
+    n = w_fp8.shape[0]
+    per_row_w = w_scale.numel() > 1
+    if path is Fp8Path.SCALED_MM_FUSED:
+        q, sa = _triton().quant_per_tensor(x)
+        if per_row_w:
+            # Row-wise torch._scaled_mm is slow at decode sizes (BENCHMARKS.md): run
+            # the per-tensor GEMM to float32 and apply the row scales after it.
+            y32 = reference.scaled_mm(q, w_fp8, sa, _ones_scalar(x.device), None, torch.float32)
+            y32 = y32 * w_scale.to(torch.float32).reshape(1, n)
+            if bias is not None:
+                y32 = y32 + bias.to(torch.float32)
+            y = y32.to(x.dtype)
+        else:
+            y = reference.scaled_mm(q, w_fp8, sa, w_scale.to(torch.float32), bias, x.dtype)
+    elif path is Fp8Path.SCALED_MM_TOKEN:
+        # Fold a per-tensor weight scale into the row scale: scale_b is then ones.
+        if per_row_w:
+            q, sa = _triton().quant_per_token(x)
+            sb = w_scale.to(torch.float32).reshape(1, n)
+        else:
+            q, sa = _triton().quant_per_token(x, w_scale)
+            sb = _ones_row(n, x.device)
+        y = reference.scaled_mm(q, w_fp8, sa, sb, bias, x.dtype)
+    elif path is Fp8Path.SCALED_MM_TOKEN_TORCH:
+        q, sa = reference.quant_per_token(x)
+        y = reference.scaled_mm(q, w_fp8, sa, _weight_scale_row(w_scale, n), bias, x.dtype)
+    elif path is Fp8Path.SCALED_MM_TENSOR:
+        q, sa = reference.quant_per_tensor(x.reshape(-1, x.shape[-1]))
+        if per_row_w:
+            y = reference.scaled_mm(
+                q, w_fp8, sa.reshape(1, 1).expand(q.shape[0], 1).contiguous(),
+                w_scale.to(torch.float32).reshape(1, n), bias, x.dtype,
+            )  # fmt: skip
+        else:
+            y = reference.scaled_mm(q, w_fp8, sa, w_scale.to(torch.float32), bias, x.dtype)
+    elif path is Fp8Path.SCALED_MM_STATIC:
+        if input_scale is None:
+            raise ValueError("scaled_mm_static needs input_scale")
+        if per_row_w:
+            raise ValueError("scaled_mm_static needs a per-tensor weight scale")
+        s_in = input_scale.to(torch.float32)
+        q = _triton().quant_static(x, s_in) if triton_available() else reference.quant_static(x, s_in)
+        y = reference.scaled_mm(q, w_fp8, s_in, w_scale.to(torch.float32), bias, x.dtype)
+    else:  # pragma: no cover - exhaustive over Fp8Path
+        raise ValueError(f"unknown FP8 path {path!r}")
+    return y.reshape(*lead, n)
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    w_fp8: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    input_scale: torch.Tensor | None = None,
+    path: Fp8Path | None = None,
+) -> torch.Tensor:
+    """``x @ (w_fp8 * w_scale).T + bias`` on the fastest measured path.
+
+    ``x``: ``[..., K]`` bf16/fp16 (float32 works on the ``dequant`` path);
+    ``w_fp8``: ``[N, K]`` float8_e4m3fn, row-major; ``w_scale``: float32 0-d
+    (per-tensor) or ``[N]`` (per output row, e.g. fused q/k/v with one scale
+    per shard expanded to rows); ``bias``: ``[N]`` or None. Returns
+    ``[..., N]`` in ``x.dtype``. Safe inside CUDA graph capture (no host
+    sync, no data-dependent choice).
+    """
+    if w_fp8.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"fp8_linear needs a float8_e4m3fn weight, got {w_fp8.dtype}")
+    if w_fp8.dim() != 2 or x.shape[-1] != w_fp8.shape[1]:
+        raise ValueError(f"fp8_linear shapes do not match: x {tuple(x.shape)}, weight {tuple(w_fp8.shape)}")
+    if w_scale.numel() not in (1, w_fp8.shape[0]):
+        raise ValueError(f"w_scale must be 0-d or [{w_fp8.shape[0]}], got shape {tuple(w_scale.shape)}")
+    if path is None:
+        tokens = x.numel() // max(x.shape[-1], 1)
+        path = select_path(
+            x.device,
+            tokens,
+            static_scale=input_scale is not None,
+            per_row_scale=w_scale.numel() > 1,
+        )
+    return run_path(path, x, w_fp8, w_scale, bias, input_scale=input_scale)

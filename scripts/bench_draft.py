@@ -1,0 +1,566 @@
+"""Drafter-step microbenchmark at real model shapes (CUDA): BF16 vs FP8 paths.
+
+One drafter step = ``mtp.fc`` + one MTP decoder layer's linears (fused qkv as
+vLLM builds it, o, dense MLP or MoE router + routed experts + shared expert)
++ the draft head (full vocabulary or 32,768 rows). Attention math, norms and
+rotary are left out: they are the same in every variant and do not touch the
+weights. Weights are random (std 0.02) and quantized with the tool's own
+``mtpconv.formats.fp8.quantize_fp8``. Each variant is captured in a CUDA graph
+(several weight sets per graph so that nothing stays in L2) and timed over
+replays; the median is reported with the bytes the step must read and the
+achieved bandwidth against a measured device-to-device copy.
+
+Usage (repo root, CUDA machine)::
+
+    PYTHONPATH=. python scripts/bench_draft.py --out OUTDIR [--micro]
+
+Writes OUTDIR/bench_draft.json and OUTDIR/bench_draft.md; prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from mtpconv.formats.fp8 import quantize_fp8
+from mtpconv.kernels import Fp8Path, run_path, triton_available
+
+DRAFT_VOCAB = 32_768
+L2_SAFE_BYTES = 400 * 2**20  # a graph reads at least this much before repeating a weight
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Drafter shapes of one model (values from the models' config.json)."""
+
+    name: str
+    hidden: int
+    vocab: int
+    q_out: int  # q_proj rows (2 x heads x head_dim: Qwen3.5/Next gate the attention output)
+    kv_out: int  # rows of k_proj and of v_proj each
+    o_in: int
+    intermediate: int = 0  # dense MLP
+    experts: int = 0
+    top_k: int = 0
+    moe_intermediate: int = 0
+    shared_intermediate: int = 0
+
+
+SHAPES = {
+    # Qwen3.5-27B: hidden 5120, 24 q heads x 256 (x2 gate), 4 kv heads x 256.
+    "qwen3.5-27b": Shape("Qwen3.5-27B", 5120, 248_320, 12288, 1024, 6144, intermediate=17408),
+    # Qwen3.5-397B-A17B: hidden 4096, 32 q heads / 2 kv heads x 256, 512 experts top-10,
+    # moe_intermediate 1024, shared expert 1024.
+    "qwen3.5-397b-a17b": Shape(
+        "Qwen3.5-397B-A17B",
+        4096,
+        248_320,
+        16384,
+        512,
+        8192,
+        experts=512,
+        top_k=10,
+        moe_intermediate=1024,
+        shared_intermediate=1024,
+    ),
+    # Qwen3-Next-80B-A3B: hidden 2048, 16 q heads / 2 kv heads x 256, 512 experts top-10,
+    # moe_intermediate 512, shared expert 512, vocab 151,936.
+    "qwen3-next-80b-a3b": Shape(
+        "Qwen3-Next-80B-A3B",
+        2048,
+        151_936,
+        8192,
+        512,
+        4096,
+        experts=512,
+        top_k=10,
+        moe_intermediate=512,
+        shared_intermediate=512,
+    ),
+}
+
+
+@dataclass
+class Linear:
+    """One weight in BF16 and FP8 (quantized by the tool's own function)."""
+
+    bf16: torch.Tensor
+    fp8: torch.Tensor
+    scale: torch.Tensor
+
+    @classmethod
+    def make(cls, out_f: int, in_f: int, dev: torch.device, gen: torch.Generator) -> Linear:
+        w = (torch.randn(out_f, in_f, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
+        q = quantize_fp8(w)
+        return cls(w, q.weight, q.scale)
+
+
+@dataclass
+class Experts:
+    bf16: torch.Tensor  # [E, N, K]
+    fp8: torch.Tensor
+    scale: torch.Tensor  # [E]
+
+    @classmethod
+    def make(cls, e: int, out_f: int, in_f: int, dev: torch.device, gen: torch.Generator) -> Experts:
+        w = torch.empty(e, out_f, in_f, device=dev, dtype=torch.bfloat16)
+        q = torch.empty(e, out_f, in_f, device=dev, dtype=torch.float8_e4m3fn)
+        s = torch.empty(e, device=dev, dtype=torch.float32)
+        chunk = 32  # bounds the float32 temporaries of quantize_fp8
+        for i in range(0, e, chunk):
+            part = torch.randn(min(chunk, e - i), out_f, in_f, device=dev, generator=gen) * 0.02
+            w[i : i + chunk] = part.to(torch.bfloat16)
+            qq = quantize_fp8(w[i : i + chunk])
+            q[i : i + chunk] = qq.weight
+            s[i : i + chunk] = qq.scale
+        return cls(w, q, s)
+
+
+@dataclass
+class WeightSet:
+    fc: Linear
+    qkv: Linear
+    o: Linear
+    head_full: Linear
+    head_draft: Linear
+    gate_up: Linear | None = None
+    down: Linear | None = None
+    router: torch.Tensor | None = None
+    shared_gate_up: Linear | None = None
+    shared_down: Linear | None = None
+    shared_gate: torch.Tensor | None = None
+    experts_gate_up: Experts | None = None
+    experts_down: Experts | None = None
+
+
+def build_weights(s: Shape, dev: torch.device, seed: int, head_full: Linear | None) -> WeightSet:
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    h = s.hidden
+    full = head_full if head_full is not None else Linear.make(s.vocab, h, dev, gen)
+    # The draft head is rows of the full head, as build-draft-vocab writes it.
+    ids = torch.randperm(s.vocab, device=dev, generator=gen)[:DRAFT_VOCAB].sort().values
+    draft_bf16 = full.bf16[ids].contiguous()
+    dq = quantize_fp8(draft_bf16)
+    ws = WeightSet(
+        fc=Linear.make(h, 2 * h, dev, gen),
+        qkv=Linear.make(s.q_out + 2 * s.kv_out, h, dev, gen),
+        o=Linear.make(h, s.o_in, dev, gen),
+        head_full=full,
+        head_draft=Linear(draft_bf16, dq.weight, dq.scale),
+    )
+    if s.experts == 0:
+        ws.gate_up = Linear.make(2 * s.intermediate, h, dev, gen)
+        ws.down = Linear.make(h, s.intermediate, dev, gen)
+    else:
+        ws.router = (torch.randn(s.experts, h, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
+        ws.shared_gate_up = Linear.make(2 * s.shared_intermediate, h, dev, gen)
+        ws.shared_down = Linear.make(h, s.shared_intermediate, dev, gen)
+        ws.shared_gate = (torch.randn(1, h, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
+        ws.experts_gate_up = Experts.make(s.experts, 2 * s.moe_intermediate, h, dev, gen)
+        ws.experts_down = Experts.make(s.experts, h, s.moe_intermediate, dev, gen)
+    return ws
+
+
+LinearFn = Callable[[torch.Tensor, Linear], torch.Tensor]
+
+
+def linear_fn(variant: str, input_scale: torch.Tensor) -> LinearFn:
+    if variant == "bf16":
+        return lambda x, w: F.linear(x, w.bf16)
+    path = Fp8Path(variant)
+    return lambda x, w: run_path(path, x, w.fp8, w.scale, input_scale=input_scale)
+
+
+def moe_fn(variant: str) -> Callable[[torch.Tensor, Experts, torch.Tensor, bool], torch.Tensor]:
+    from mtpconv.kernels import triton_fp8
+
+    if variant == "bf16":
+        return lambda x, e, ids, per_pair: triton_fp8.wo_moe(x, e.bf16, None, ids, x_per_pair=per_pair)
+    return lambda x, e, ids, per_pair: triton_fp8.wo_moe(x, e.fp8, e.scale, ids, x_per_pair=per_pair)
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    g, u = x.chunk(2, dim=-1)
+    return F.silu(g) * u
+
+
+def step(
+    s: Shape, ws: WeightSet, emb: torch.Tensor, hid: torch.Tensor, lin: LinearFn,
+    moe: Callable[..., torch.Tensor] | None, full_head: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """One drafter step; returns (logits, topk_ids or None)."""
+    h = lin(torch.cat((emb, hid), dim=-1), ws.fc)
+    qkv = lin(h, ws.qkv)
+    attn = qkv[:, : s.o_in]  # stands in for attention output (same bytes, no KV cache)
+    h = h + lin(attn.contiguous(), ws.o)
+    ids = None
+    if s.experts == 0:
+        assert ws.gate_up is not None and ws.down is not None
+        h = h + lin(silu_mul(lin(h, ws.gate_up)), ws.down)
+    else:
+        assert ws.router is not None and ws.shared_gate is not None and moe is not None
+        assert ws.shared_gate_up is not None and ws.shared_down is not None
+        assert ws.experts_gate_up is not None and ws.experts_down is not None
+        probs = torch.softmax(F.linear(h, ws.router).float(), dim=-1)
+        topw, ids = torch.topk(probs, s.top_k, dim=-1)
+        topw = (topw / topw.sum(-1, keepdim=True)).to(h.dtype)
+        gu = moe(h, ws.experts_gate_up, ids, False)
+        d = moe(silu_mul(gu), ws.experts_down, ids, True)
+        routed = (d.view(h.shape[0], s.top_k, -1) * topw[..., None]).sum(1)
+        shared = lin(silu_mul(lin(h, ws.shared_gate_up)), ws.shared_down)
+        h = h + routed + torch.sigmoid(F.linear(h, ws.shared_gate)) * shared
+    logits = lin(h, ws.head_full if full_head else ws.head_draft)
+    return logits, ids
+
+
+def step_bytes(s: Shape, ws: WeightSet, variant: str, full_head: bool, distinct: int) -> int:
+    """Weight bytes one step must read (activations are negligible at these sizes)."""
+    fp8 = variant != "bf16"
+
+    def lb(w: Linear) -> int:
+        return w.fp8.numel() if fp8 else 2 * w.bf16.numel()
+
+    total = lb(ws.fc) + lb(ws.qkv) + lb(ws.o) + lb(ws.head_full if full_head else ws.head_draft)
+    if s.experts == 0:
+        assert ws.gate_up is not None and ws.down is not None
+        total += lb(ws.gate_up) + lb(ws.down)
+    else:
+        assert ws.shared_gate_up is not None and ws.shared_down is not None
+        assert ws.router is not None and ws.shared_gate is not None
+        total += lb(ws.shared_gate_up) + lb(ws.shared_down)
+        total += 2 * (ws.router.numel() + ws.shared_gate.numel())
+        per_expert = 3 * s.moe_intermediate * s.hidden
+        total += distinct * per_expert * (1 if fp8 else 2)
+    return total
+
+
+def time_graph(fn: Callable[[], Any], reps: int, replays: int = 30) -> float:
+    """Median microseconds of one ``fn`` call: ``reps`` calls captured in one graph."""
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / reps)
+    del graph
+    return statistics.median(times)
+
+
+def copy_bandwidth(dev: torch.device) -> float:
+    """Device-to-device copy, bytes read + written per second (TB/s), eager, median of 10."""
+    n = 2 * 2**30
+    src = torch.empty(n, dtype=torch.uint8, device=dev).random_(0, 255)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    return 2 * n / statistics.median(times) / 1e12
+
+
+@dataclass
+class Row:
+    model: str
+    tokens: int
+    variant: str
+    head: str
+    us: float
+    bytes: int
+    tbps: float
+    pct_copy: float
+    distinct_experts: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def fp8_variants(paths: list[str]) -> list[str]:
+    return [p for p in paths if p != "bf16"]
+
+
+def bench_model(
+    key: str, tokens_list: list[int], variants: list[str], copy_tbps: float, dev: torch.device
+) -> list[Row]:
+    s = SHAPES[key]
+    t0 = time.time()
+    sets = [build_weights(s, dev, seed=1, head_full=None)]
+    one = step_bytes(s, sets[0], "fp8", full_head=False, distinct=s.top_k)
+    n_sets = max(1, min(3, math.ceil(L2_SAFE_BYTES / one)))
+    for i in range(1, n_sets):
+        # Extra sets share the full head (2.5 GB BF16 alone is far past L2).
+        sets.append(build_weights(s, dev, seed=1 + i, head_full=sets[0].head_full))
+    torch.cuda.synchronize()
+    print(f"[{s.name}] {n_sets} weight set(s) built in {time.time() - t0:.1f}s", flush=True)
+    input_scale = torch.tensor(4.0 / 448.0, device=dev)
+    rows: list[Row] = []
+    for t in tokens_list:
+        gen = torch.Generator(device=dev).manual_seed(t)
+        emb = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
+        hid = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
+        for variant in variants:
+            lin = linear_fn(variant, input_scale)
+            moe = moe_fn(variant) if s.experts else None
+            for full_head in (True, False):
+                _, ids = step(s, sets[0], emb, hid, lin, moe, full_head)
+                distinct = int(ids.unique().numel()) if ids is not None else 0
+
+                def run(
+                    lin: LinearFn = lin,
+                    moe: Any = moe,
+                    full_head: bool = full_head,
+                    emb: torch.Tensor = emb,
+                    hid: torch.Tensor = hid,
+                    sets: list[WeightSet] = sets,
+                ) -> None:
+                    for ws in sets:
+                        step(s, ws, emb, hid, lin, moe, full_head)
+
+                try:
+                    us = time_graph(run, reps=1) / n_sets
+                except Exception as exc:  # report and go on: one failing path must not end the run
+                    print(f"  {s.name} T={t} {variant} FAILED: {exc!r}"[:400], flush=True)
+                    continue
+                nbytes = step_bytes(s, sets[0], variant, full_head, distinct)
+                tbps = nbytes / (us * 1e-6) / 1e12
+                head = f"{s.vocab // 1000}k" if full_head else "32k"
+                rows.append(Row(s.name, t, variant, head, us, nbytes, tbps, 100 * tbps / copy_tbps, distinct))
+                print(
+                    f"  {s.name} T={t:<3} {variant:<22} head={head:<5} {us:8.1f} us "
+                    f"{nbytes / 1e6:8.1f} MB {tbps:5.2f} TB/s "
+                    f"({100 * tbps / copy_tbps:4.0f}% copy)",
+                    flush=True,
+                )
+    del sets
+    torch.cuda.empty_cache()
+    return rows
+
+
+def micro(
+    shape_key: str,
+    tokens_list: list[int],
+    variants: list[str],
+    dev: torch.device,
+    sweep: bool,
+    per_row: bool = False,
+) -> list[dict[str, Any]]:
+    """Per-linear times at one model's shapes, weight copies rotated past L2."""
+    s = SHAPES[shape_key]
+    h = s.hidden
+    shapes = {
+        "fc": (h, 2 * h),
+        "qkv": (s.q_out + 2 * s.kv_out, h),
+        "o": (h, s.o_in),
+        "gate_up": (2 * s.intermediate, h),
+        "down": (h, s.intermediate),
+        "head32k": (DRAFT_VOCAB, h),
+    }
+    input_scale = torch.tensor(4.0 / 448.0, device=dev)
+    out: list[dict[str, Any]] = []
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for name, (n, k) in shapes.items():
+        copies = max(2, math.ceil(L2_SAFE_BYTES / (n * k)))
+        ws = [Linear.make(n, k, dev, gen) for _ in range(copies)]
+        if per_row:  # distinct per-row scales, as fused shards with their own scales give
+            for w in ws:
+                w.scale = w.scale * (1 + torch.rand(n, device=dev, generator=gen))
+        for t in tokens_list:
+            x = torch.randn(t, k, device=dev, generator=gen).to(torch.bfloat16)
+            for variant in variants:
+                if per_row and variant == "scaled_mm_static":
+                    continue
+                lin = linear_fn(variant, input_scale)
+
+                def g(lin: LinearFn = lin, x: torch.Tensor = x, ws: list[Linear] = ws) -> None:
+                    for w in ws:
+                        lin(x, w)
+
+                try:
+                    us = time_graph(g, reps=1) / copies
+                except Exception as exc:  # report and go on
+                    print(f"  micro {name} T={t} {variant} FAILED: {exc!r}"[:400], flush=True)
+                    continue
+                nbytes = n * k * (2 if variant == "bf16" else 1)
+                out.append({"linear": name, "n": n, "k": k, "tokens": t, "variant": variant,
+                            "per_row": per_row, "us": us,
+                            "tbps": nbytes / (us * 1e-6) / 1e12})  # fmt: skip
+        if sweep and triton_available():
+            from mtpconv.kernels import triton_fp8
+
+            for t in tokens_list:
+                x = torch.randn(t, k, device=dev, generator=gen).to(torch.bfloat16)
+                configs: list[tuple[str, bool, tuple[int, ...]]] = []
+                if t == 1:
+                    gemv_cfgs = [(4, 2048, 8), (8, 2048, 8), (8, 1024, 4), (16, 1024, 8),
+                                 (4, 4096, 8), (8, 4096, 8), (16, 512, 4), (2, 4096, 8)]  # fmt: skip
+                    configs += [("gemv", True, c) for c in gemv_cfgs]
+                bm = 16 if t <= 16 else (32 if t <= 32 else 64)
+                dot_cfgs = [(16, 512, 4, 4), (32, 512, 4, 4), (64, 256, 4, 4), (32, 256, 4, 4),
+                            (16, 256, 4, 4), (64, 512, 4, 3), (16, 1024, 4, 3), (32, 1024, 4, 3),
+                            (128, 128, 4, 4), (64, 128, 4, 4)]  # fmt: skip
+                configs += [("dot", False, (bm, *c)) for c in dot_cfgs]
+                for kind, gemv, cfg in configs:
+
+                    def f(
+                        cfg: tuple[int, ...] = cfg,
+                        gemv: bool = gemv,
+                        x: torch.Tensor = x,
+                        ws: list[Linear] = ws,
+                    ) -> None:
+                        for w in ws:
+                            triton_fp8.wo_linear(x, w.fp8, w.scale, config=cfg, gemv=gemv)
+
+                    try:
+                        us = time_graph(f, reps=1) / copies
+                    except Exception as exc:  # report and go on
+                        print(f"  micro {name} {kind}{cfg} FAILED: {exc!r}"[:400], flush=True)
+                        continue
+                    out.append({"linear": name, "n": n, "k": k, "tokens": t,
+                                "variant": f"wo_{kind}{list(cfg)}", "us": us,
+                                "tbps": n * k / (us * 1e-6) / 1e12})  # fmt: skip
+        del ws
+        torch.cuda.empty_cache()
+        print(f"  micro {name} done", flush=True)
+    return out
+
+
+def markdown(rows: list[Row], copy_tbps: float, variants: list[str]) -> str:
+    lines = [f"Copy bandwidth (D2D, read+write): {copy_tbps:.2f} TB/s", ""]
+    models = list(dict.fromkeys(r.model for r in rows))
+    fp8s = fp8_variants(variants)
+    for model in models:
+        mrows = [r for r in rows if r.model == model]
+        full = next(r.head for r in mrows if r.head != "32k")
+        lines += [f"#### {model}", ""]
+        head = f"| tokens | BF16+{full} | BF16+32k |"
+        sep = "|---|---|---|"
+        for v in fp8s:
+            head += f" {v}+{full} | {v}+32k |"
+            sep += "---|---|"
+        lines += [head, sep]
+        for t in sorted({r.tokens for r in mrows}):
+
+            def get(v: str, hd: str, t: int = t, mrows: list[Row] = mrows) -> Row:
+                for r in mrows:
+                    if r.tokens == t and r.variant == v and r.head == hd:
+                        return r
+                return Row("", t, v, hd, math.nan, 0, math.nan, math.nan)
+
+            line = f"| {t} | {get('bf16', full).us:.1f} | {get('bf16', '32k').us:.1f} |"
+            for v in fp8s:
+                line += f" {get(v, full).us:.1f} | {get(v, '32k').us:.1f} |"
+            lines.append(line)
+        lines += ["", "Ratios (FP8 path + 32k head over BF16), achieved bandwidth of FP8+32k:", ""]
+        lines += [
+            "| tokens | path | /BF16+32k | /BF16+full | FP8+32k TB/s (% copy) | BF16+32k TB/s |",
+            "|---|---|---|---|---|---|",
+        ]
+        for t in sorted({r.tokens for r in mrows}):
+            b32 = get("bf16", "32k", t)
+            bfull = get("bf16", full, t)
+            for v in fp8s:
+                r = get(v, "32k", t)
+                lines.append(
+                    f"| {t} | {v} | {r.us / b32.us:.2f} | {r.us / bfull.us:.3f} | "
+                    f"{r.tbps:.2f} ({r.pct_copy:.0f}%) | {b32.tbps:.2f} |"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def micro_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| linear | N x K | tokens | variant | us | TB/s |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['linear']} | {r['n']}x{r['k']} | {r['tokens']} | {r['variant']} | "
+                     f"{r['us']:.2f} | {r['tbps']:.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--models", default=",".join(SHAPES))
+    ap.add_argument("--tokens", default="1,4,16,64")
+    ap.add_argument(
+        "--variants",
+        default="bf16,scaled_mm_fused,wo_triton,scaled_mm_token,scaled_mm_tensor,scaled_mm_static",
+    )
+    ap.add_argument("--micro", action="store_true", help="also time each linear alone (27B shapes)")
+    ap.add_argument("--micro-only", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="with --micro: sweep Triton configs")
+    ap.add_argument(
+        "--per-row",
+        action="store_true",
+        help="with --micro: per-output-row weight scales (fused q/k/v, gate/up shards)",
+    )
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_draft needs a CUDA device", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    variants = args.variants.split(",")
+    for v in fp8_variants(variants):
+        Fp8Path(v)  # fail early on a typo
+    meta = {
+        "device": torch.cuda.get_device_name(dev),
+        "capability": list(torch.cuda.get_device_capability(dev)),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__ if triton_available() else None,
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+    }
+    copy_tbps = copy_bandwidth(dev)
+    print(f"{meta}\ncopy bandwidth {copy_tbps:.2f} TB/s", flush=True)
+    result: dict[str, Any] = {"meta": meta, "copy_tbps": copy_tbps}
+    md = ""
+    if args.micro or args.micro_only:
+        mrows = micro("qwen3.5-27b", tokens, variants, dev, args.sweep, args.per_row)
+        result["micro"] = mrows
+        md += "### Per-linear (Qwen3.5-27B shapes)\n\n" + micro_markdown(mrows) + "\n\n"
+        (args.out / "bench_draft.json").write_text(json.dumps(result, indent=1))
+    if not args.micro_only:
+        rows: list[Row] = []
+        for key in args.models.split(","):
+            rows += bench_model(key, tokens, variants, copy_tbps, dev)
+            result["steps"] = [r.__dict__ for r in rows]
+            (args.out / "bench_draft.json").write_text(json.dumps(result, indent=1))
+        md = "### Drafter step\n\n" + markdown(rows, copy_tbps, variants) + "\n" + md
+    (args.out / "bench_draft.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
