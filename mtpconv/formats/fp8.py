@@ -40,7 +40,13 @@ def fp8_scale(w: torch.Tensor) -> torch.Tensor:
     """Per-tensor (2-D) or per-expert (3-D) float32 scale of ``w``."""
     w32 = w.to(torch.float32)
     amax = w32.abs().amax(dim=(1, 2)) if w32.dim() == 3 else w32.abs().amax()
-    return torch.clamp(amax, min=_TINY) / FP8_MAX
+    return _div_fp8_max(torch.clamp(amax, min=_TINY))
+
+
+def _div_fp8_max(amax: torch.Tensor) -> torch.Tensor:
+    # A 0-d tensor divisor, not a Python float: CUDA turns `t / 448.0` into a multiply by
+    # the reciprocal (last-bit differences from the CPU); tensor / tensor divides exactly.
+    return amax / torch.tensor(FP8_MAX, dtype=torch.float32, device=amax.device)
 
 
 def _broadcast(scale: torch.Tensor, ndim: int) -> torch.Tensor:
@@ -118,7 +124,7 @@ def _quantize_half_lut(w: torch.Tensor) -> tuple[Fp8Tensor, QuantError]:
     if bad:
         raise NonFiniteWeightError(bad)
     amax = values.abs()[present].max() if codes.size else torch.tensor(0.0)
-    scale = torch.clamp(amax, min=_TINY) / FP8_MAX
+    scale = _div_fp8_max(torch.clamp(amax, min=_TINY))
     safe = torch.where(finite, values, torch.zeros_like(values))
     table = torch.clamp(safe / scale, -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     q = torch.from_numpy(table.view(torch.uint8).numpy()[codes]).view(FP8_DTYPE).reshape(w.shape)
