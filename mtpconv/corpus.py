@@ -5,7 +5,8 @@ Formats, chosen by file name (a trailing ``.gz`` means gzip-compressed):
 - plain text (any other name): one text per line;
 - JSON Lines (``.jsonl``, ``.ndjson``): per line, the string field ``text_field``,
   or else a chat ``messages`` list whose ``content`` values are counted (a content
-  is a string or a list of parts, whose ``"text"`` strings are counted);
+  is a string or a list of parts, whose ``"text"`` strings are counted); a null
+  ``text_field`` is skipped;
 - Parquet (``.parquet``; needs the ``parquet`` extra, pyarrow): the string column
   ``text_field``, read one record batch at a time.
 
@@ -177,6 +178,8 @@ def _jsonl_texts(cf: CorpusFile, text_field: str) -> Iterator[tuple[str, BinaryI
         elif "messages" in record:
             for content in _message_texts(record["messages"], where):
                 yield content, raw
+        elif text is None and text_field in record:
+            continue  # an explicit null, like a null cell in Parquet: nothing to count
         else:
             raise DraftVocabError(
                 f"{where} has neither a string {text_field!r} field nor a 'messages' list; "

@@ -52,6 +52,7 @@ def test_jsonl_text_field_and_chat_messages(tmp_path: Path) -> None:
     p = tmp_path / "c.jsonl"
     rows = [
         {"text": "plain", "id": 1},
+        {"text": None},
         {"messages": [{"role": "user", "content": "hi"},
                       {"role": "assistant", "content": [{"type": "text", "text": "a"},
                                                         {"type": "image", "url": "x"},

@@ -62,14 +62,13 @@ def test_table_output(source: Path, corpus: Path, tmp_path: Path) -> None:
     assert f"Wrote {tmp_path / 'ids.pt'} (32 of 512 ids" in result.stdout
 
 
-def test_default_output_name(source: Path, corpus: Path, tmp_path: Path) -> None:
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        result = CliRunner().invoke(app, ["build-draft-vocab", str(source), "--corpus",
-                                          str(corpus), "--size", "16"])  # fmt: skip
-    finally:
-        os.chdir(cwd)
+def test_default_output_name(
+    source: Path, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        app, ["build-draft-vocab", str(source), "--corpus", str(corpus), "--size", "16"]
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "mtp_draft_vocab_ids.pt").exists()
 
