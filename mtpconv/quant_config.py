@@ -515,28 +515,36 @@ def pattern_matches(pattern: str, module: str, *, method: str = "modelopt") -> b
     return _OnePattern(pattern, method, "pattern").matches(module)
 
 
-def _mixed_lookup(layers: Mapping[str, str], module: str) -> str | None:
-    """vLLM's ``_resolve_quant_algo`` in checkpoint-name space: the entry for the module or
-    for one of its parents (e.g. ``...mlp.experts`` covers ``...mlp.experts.3.up_proj``)."""
+def _mixed_candidates(module: str) -> list[str]:
+    """The names vLLM's ``_quantized_layer_prefix_candidates`` tries for a module."""
     base = _drafter_alias(module) or module
     cands = [base]
-    for prefix_a, prefix_b in (("model.language_model.", "language_model.model."),
-                               ("language_model.model.", "model.language_model.")):  # fmt: skip
+    for prefix_a, prefix_b in (
+        ("model.language_model.", "language_model.model."),
+        ("language_model.model.", "model.language_model."),
+    ):
         if base.startswith(prefix_a):
             cands.append(prefix_b + base[len(prefix_a) :])
     if base.endswith(".lm_head"):
         cands.append("lm_head")
-    for cand in cands:
-        algo = layers.get(cand)
-        if algo is not None:
-            return algo
+    return cands
+
+
+def _mixed_keys(layers: Mapping[str, Any], module: str) -> list[str]:
+    """Every ``quantized_layers`` key that applies to ``module``, most specific first: an
+    entry for the module itself, then for a parent (``...mlp.experts`` covers
+    ``...mlp.experts.3.up_proj``) — vLLM's ``_resolve_quant_algo`` in checkpoint names."""
+    cands = _mixed_candidates(module)
+    keys = [c for c in cands if c in layers]
     for cand in cands:
         parts = cand.split(".")
-        for k in range(len(parts) - 1, 0, -1):
-            algo = layers.get(".".join(parts[:k]))
-            if algo is not None:
-                return algo
-    return None
+        keys += [p for k in range(len(parts) - 1, 0, -1) if (p := ".".join(parts[:k])) in layers]
+    return keys
+
+
+def _mixed_lookup(layers: Mapping[str, str], module: str) -> str | None:
+    keys = _mixed_keys(layers, module)
+    return layers[keys[0]] if keys else None
 
 
 def _ct_target_matches(target: str, module: str) -> bool:
@@ -897,18 +905,15 @@ def _drop_drafter_layers(hf_quant: dict[str, Any] | None, config: dict[str, Any]
                          drafter: set[str], others: set[str]) -> None:  # fmt: skip
     """MIXED_PRECISION: remove quantized_layers entries that cover only drafter modules."""
 
-    def covers(key: str, module: str) -> bool:
-        return _mixed_lookup({key: "x"}, module) is not None
-
     def prune(layers: Any) -> list[str]:
         if not isinstance(layers, dict):
             return []
-        gone = [
-            k for k in layers if any(covers(k, m) for m in drafter) and not any(covers(k, m) for m in others)
-        ]
+        mine = {k for m in drafter for k in _mixed_keys(layers, m)}
+        theirs = {k for m in others for k in _mixed_keys(layers, m)}
+        gone = [k for k in layers if k in mine and k not in theirs]
         for k in gone:
             del layers[k]
-        return gone  # fmt: skip
+        return gone
 
     loc = _config_quant_location(config)
     if loc is not None:

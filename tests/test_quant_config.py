@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from mtpconv.errors import QuantConfigError
@@ -739,3 +739,63 @@ def test_matching_agrees_with_vllm_is_layer_excluded() -> None:
         for layer, ours in by_layer.items():
             assert len(ours) == 1 or vllm_says[layer] == "inconsistent", layer
             assert vllm_says[layer] == next(iter(ours)), (hq["quantization"], layer)
+
+
+def _maybe(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """A valid value most of the time, arbitrary JSON otherwise."""
+    return st.integers(0, 7).flatmap(lambda i: valid if i else _json)
+
+
+_module = st.sampled_from(["mtp.fc", "mtp.layers.0.mlp.experts", "lm_head", "mtp*", "model.*",
+                           f"{VLM}layers.0.mlp.gate", "mtp.layers.0*", "re:.*fc$", "", "*"])  # fmt: skip
+_algo = st.sampled_from(["NVFP4", "FP8", "MIXED_PRECISION", "nvfp4", "W4A16_NVFP4", "INT4"])
+_layers = st.dictionaries(_module, _maybe(st.fixed_dictionaries({"quant_algo": _algo})),
+                          max_size=4)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    method=_maybe(st.sampled_from(["modelopt", "compressed-tensors", "fp8", "gptq"])),
+    algo=_maybe(_algo),
+    ignore=_maybe(st.lists(_module, max_size=4)),
+    layers=_maybe(_layers),
+    groups=_maybe(st.dictionaries(st.sampled_from(["group_0", "group_1"]), st.fixed_dictionaries(
+        {"targets": _maybe(st.lists(_module, max_size=3)),
+         "weights": _maybe(st.fixed_dictionaries({"num_bits": st.sampled_from([4, 8]),
+                                                  "type": st.sampled_from(["float", "int"])}))}),
+        max_size=2)),
+    hq_layers=_maybe(_layers),
+    hq_exclude=_maybe(st.lists(_module, max_size=4)),
+    nested=st.booleans(),
+)  # fmt: skip
+def test_rewriters_on_near_valid_configs(method: Any, algo: Any, ignore: Any, layers: Any,
+                                         groups: Any, hq_layers: Any, hq_exclude: Any,
+                                         nested: bool) -> None:  # fmt: skip
+    qc: dict[str, Any] = {"config_groups": groups, "quantized_layers": layers, "ignore": ignore,
+                          "quant_algo": algo, "quant_method": method,
+                          "ignored_layers": ignore}  # fmt: skip
+    if nested:
+        qc = {"quant_method": method, "quantization": {
+            "quant_algo": algo, "exclude_modules": ignore, "quantized_layers": layers}}  # fmt: skip
+    hq = {"producer": {"name": "modelopt"}, "quantization": {
+        "quant_algo": algo, "exclude_modules": hq_exclude, "quantized_layers": hq_layers}}  # fmt: skip
+    configs = QuantConfigs(qwen35_moe_config(qc), hq)
+    drafter = qwen35_moe_drafter_modules(num_experts=2)
+    modules = qwen35_moe_modules(num_layers=1, num_experts=2, full_attention_interval=1)
+    stored = nvidia_stored_formats(modules)
+    snapshot = copy.deepcopy(configs)
+    rewriters = (
+        lambda c: variant_configs(c, drafter, modules),
+        lambda c: fixed_exclusion_configs(c, stored),
+    )
+    for rewrite in rewriters:
+        try:
+            hq2, cfg2 = rewrite(configs)
+        except QuantConfigError:
+            event("refused")
+            continue
+        event("unchanged" if (hq2, cfg2) == (configs.hf_quant, configs.config) else "rewritten")
+        assert json.loads(dumps_config(cfg2)) == cfg2
+        assert rewrite(QuantConfigs(cfg2, hq2)) == (hq2, cfg2)  # a fixed point
+    audit_quant_configs(configs, stored, drafter)
+    assert configs.config == snapshot.config and configs.hf_quant == snapshot.hf_quant
