@@ -1,0 +1,159 @@
+"""Build tiny checkpoints, convert them with the real CLI, serve them in vLLM (CPU).
+
+One ``LLM`` lives at a time: :func:`run` builds it, generates greedily, reads
+vLLM's own spec-decode counters and inspects the loaded drafter through the
+model runner, then shuts it down and returns a plain :class:`Run` record.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+NUM_SPEC_TOKENS = 2
+MAX_TOKENS = 24
+PROMPTS = [[10, 11, 12], [100, 7, 300], [5], [200, 201, 202, 203, 250], [40, 41]]
+
+
+def planted_builder() -> ModuleType:
+    """``scripts/build_planted_model.py`` as a module (scripts/ is not a package)."""
+    path = REPO / "scripts" / "build_planted_model.py"
+    spec = importlib.util.spec_from_file_location("build_planted_model", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # dataclasses look their module up
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+def quantize_mtp(src: Path, dst: Path, *extra: str) -> Path:
+    """``mtpconv quantize-mtp SRC DST EXTRA...`` through the real CLI, in-process."""
+    from mtpconv.cli import main
+
+    try:
+        main(["quantize-mtp", str(src), str(dst), *extra])
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    assert code == 0, f"mtpconv quantize-mtp {src} {dst} {' '.join(extra)} exited {code}"
+    return dst
+
+
+def write_ids(path: Path, ids: list[int]) -> Path:
+    torch.save(torch.tensor(sorted(ids), dtype=torch.int64), path)
+    return path
+
+
+@dataclass
+class Run:
+    """What one served model produced."""
+
+    outputs: list[list[int]]
+    drafted: int = 0
+    accepted: int = 0
+    drafter_class: str | None = None
+    # module name -> (quant method, weight dtype, weight shape, FP8 kernel or None)
+    modules: dict[str, tuple[str, str, tuple[int, ...], str | None]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def _counter(metrics: list[Any], name: str) -> int:
+    return int(sum(getattr(m, "value", 0) for m in metrics if m.name == name))
+
+
+def describe_drafter(worker: Any) -> dict[str, Any]:
+    """Class and per-module weight formats of the drafter vLLM actually loaded."""
+    model = worker.model_runner.drafter.model
+    modules: dict[str, tuple[str, str, tuple[int, ...], str | None]] = {}
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        for attr in ("weight", "w13_weight", "w2_weight"):
+            w = getattr(module, attr, None)
+            if method is None or not isinstance(w, torch.Tensor):
+                continue
+            kernel = getattr(getattr(module, "mtpconv_fp8", None), "kernel", None)
+            key = name if attr == "weight" else f"{name}.{attr}"
+            modules[key] = (type(method).__name__, str(w.dtype), tuple(w.shape), kernel)
+    cls = type(model)
+    return {"class": f"{cls.__module__}.{cls.__name__}", "modules": modules}
+
+
+@contextmanager
+def serve(model: Path, *, spec: bool = True, **kwargs: Any) -> Iterator[Any]:
+    """A vLLM ``LLM`` on CPU in this process; shut down on exit."""
+    from vllm import LLM
+
+    args: dict[str, Any] = dict(model=str(model), dtype="bfloat16", enforce_eager=True,
+                                distributed_executor_backend="uni", max_model_len=256,
+                                max_num_seqs=8, seed=0, disable_log_stats=False,
+                                enable_prefix_caching=False)  # fmt: skip
+    if spec:
+        args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": NUM_SPEC_TOKENS}
+    args.update(kwargs)
+    llm = LLM(**args)
+    try:
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+def generate(llm: Any, prompts: list[list[int]] = PROMPTS, max_tokens: int = MAX_TOKENS) -> list[list[int]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def run(model: Path, *, spec: bool = True, env: dict[str, str] | None = None,
+        probe: Any = None) -> Run:  # fmt: skip
+    """Serve ``model``, generate :data:`PROMPTS` greedily, report and shut down.
+
+    ``probe(worker)`` runs on vLLM's worker (same process) while the model is up;
+    its result lands in ``Run.extra["probe"]``.
+    """
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        with serve(model, spec=spec) as llm:
+            outputs = generate(llm)
+            result = Run(outputs=outputs)
+            if spec:
+                metrics = llm.get_metrics()
+                result.drafted = _counter(metrics, "vllm:spec_decode_num_draft_tokens")
+                result.accepted = _counter(metrics, "vllm:spec_decode_num_accepted_tokens")
+                info = llm.collective_rpc(describe_drafter)[0]
+                result.drafter_class = info["class"]
+                result.modules = info["modules"]
+            if probe is not None:
+                result.extra["probe"] = llm.collective_rpc(probe)[0]
+            return result
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def planted_continuation(prompt: list[int], vocab: int = 512, n: int = MAX_TOKENS) -> list[int]:
+    """What the planted model must generate: ``last + 1, last + 2, ...`` (mod vocab)."""
+    return [(prompt[-1] + i) % vocab for i in range(1, n + 1)]

@@ -1,0 +1,69 @@
+"""vLLM end-to-end tests on CPU: environment, tiny checkpoints and their variants.
+
+Everything runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the
+``uni`` executor), one ``LLM`` at a time. The torchvision stub is applied here
+and, through ``sitecustomize`` on ``PYTHONPATH``, in the processes vLLM spawns.
+Skipped as a whole when vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+_STUB_SITE = Path(__file__).parent / "_stub_site"
+
+collect_ignore_glob: list[str] = []
+if importlib.util.find_spec("vllm") is None:
+    collect_ignore_glob = ["test_*.py"]
+else:
+    # Read at import time by vLLM / huggingface_hub: set before either is imported.
+    for key, value in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+                       "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():  # fmt: skip
+        os.environ.setdefault(key, value)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(_STUB_SITE), os.environ.get("PYTHONPATH")) if p)
+    sys.path.insert(0, str(_STUB_SITE))
+    import _mtpconv_vllm_test_stub  # noqa: E402
+
+    _mtpconv_vllm_test_stub.apply()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.vllm)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny source checkpoints and their ``-mtpfp8`` variants (real ``quantize-mtp``).
+
+    ``planted*``: next token ``t + 1``; ``random*``: a fixed random permutation with
+    a random drafter; ``moe*``: the planted model with a Qwen3.5-MoE layout.
+    ``*_fp8`` has FP8 drafter linears; ``*_fp8_vocab`` adds a 384-row FP8 draft head
+    (ids 0..383), ``*_fp8_vocab_bf16`` the same head in BF16.
+    """
+    from tests.vllm._harness import planted_builder, quantize_mtp, write_ids
+
+    build = planted_builder().build_model
+    root = tmp_path_factory.mktemp("vllm_models")
+    ids = write_ids(root / "ids.pt", list(range(384)))
+    out: dict[str, Path] = {}
+    for name, kw in {"planted": {}, "planted_swapped": {"swap_fc": True},
+                     "random": {"kind": "random"}, "moe": {"moe": True}}.items():  # fmt: skip
+        out[name] = build(root / name, **kw)
+    for name in ("planted", "planted_swapped", "random", "moe"):
+        out[f"{name}_fp8"] = quantize_mtp(out[name], root / f"{name}_fp8")
+    for name in ("planted", "random", "moe"):
+        out[f"{name}_fp8_vocab"] = quantize_mtp(out[name], root / f"{name}_fp8_vocab",
+                                                "--draft-vocab", str(ids))  # fmt: skip
+    out["random_fp8_vocab_bf16"] = quantize_mtp(out["random"], root / "random_fp8_vocab_bf16",
+                                                "--draft-vocab", str(ids),
+                                                "--draft-head-dtype", "bf16")  # fmt: skip
+    return out
