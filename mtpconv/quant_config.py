@@ -98,6 +98,7 @@ _VLM_PREFIXES = ("model.language_model.", "language_model.")
 _VISION_MARKERS = ("vision_tower", "vision_model", "vit_large_projector")
 # Router gates: vLLM's Qwen3-Next / Qwen3.5 MoE blocks build them with no quant config.
 _ROUTER_GATES = (".mlp.gate", ".mlp.shared_expert_gate")
+_HEAD_LEAVES = frozenset({"lm_head", "draft_lm_head", "head"})
 _SUPPORTED_METHODS = ("modelopt", "compressed-tensors", "fp8", "none")
 
 
@@ -414,7 +415,7 @@ def _vllm_view(module: str) -> tuple[str, str]:
 class _OnePattern:
     """One exclusion pattern compiled for the method's matching rule."""
 
-    __slots__ = ("pattern", "_forms", "_literals", "_regexes", "_exact")
+    __slots__ = ("pattern", "_forms", "_expert_forms", "_literals", "_regexes", "_exact")
 
     def __init__(self, pattern: str, method: str, source: str) -> None:
         self.pattern = pattern
@@ -435,11 +436,20 @@ class _OnePattern:
                 ) from exc
         else:
             self._exact = True
+        # vLLM's exact stage (``is_layer_skipped``) treats a layer whose name contains
+        # "experts" specially: it is skipped when it is a substring of any pattern that
+        # contains "experts", so one per-expert entry excludes the whole routed-experts
+        # layer. compressed-tensors uses its own matcher without this rule.
+        self._expert_forms: tuple[str, ...] = ()
+        if method != "compressed-tensors":
+            self._expert_forms = tuple(f for f in self._forms if "experts" in f)
 
     def matches(self, module: str) -> bool:
         shard, layer = _vllm_view(module)
         if not self._regex_only and (shard in self._forms or layer in self._forms):
             return True  # exact, on the layer or (vLLM's shard expansion) on the shard
+        if _expert_rule_applies(shard, layer) and any(layer in f for f in self._expert_forms):
+            return True
         if self._exact:
             return False
         if any(lit in layer for lit in self._literals):
@@ -451,6 +461,10 @@ class _OnePattern:
     @property
     def _regex_only(self) -> bool:
         return self.pattern.startswith("re:") and not self._literals
+
+
+def _expert_rule_applies(shard: str, layer: str) -> bool:
+    return shard == layer and "experts" in layer  # not a fused shard, "experts" in the name
 
 
 def _is_glob(pattern: str) -> bool:
@@ -487,6 +501,7 @@ class _ExcludeMatcher:
     def __init__(self, method: str, patterns: Iterable[str], source: str) -> None:
         self.patterns = [_OnePattern(p, method, source) for p in patterns]
         self._exact_forms = frozenset(f for p in self.patterns if not p._regex_only for f in p._forms)
+        self._expert_forms = [f for p in self.patterns for f in p._expert_forms]
         literals = sorted({lit for p in self.patterns for lit in p._literals}, key=len)
         self._literal_rx = re.compile(_trie_regex(literals)) if literals else None
         self._regexes = [rx for p in self.patterns for rx in p._regexes]
@@ -501,6 +516,8 @@ class _ExcludeMatcher:
     def excluded(self, module: str) -> bool:
         shard, layer = _vllm_view(module)
         if shard in self._exact_forms or layer in self._exact_forms:
+            return True
+        if _expert_rule_applies(shard, layer) and any(layer in f for f in self._expert_forms):
             return True
         if self._literal_rx is not None and self._literal_rx.search(layer):
             return True
@@ -548,8 +565,10 @@ def _mixed_lookup(layers: Mapping[str, str], module: str) -> str | None:
 
 
 def _ct_target_matches(target: str, module: str) -> bool:
-    if target == "Linear":  # class-name target: every linear-ish module we are asked about
-        return True
+    if target == "Linear":
+        # class-name target: every linear layer, but not an LM head (vLLM builds those as
+        # ParallelLMHead, whose class name is not "Linear")
+        return module.rsplit(".", 1)[-1] not in _HEAD_LEAVES
     if target.startswith("re:"):
         try:
             return re.match(target[3:], module) is not None
@@ -622,9 +641,12 @@ def _unused_patterns(decl: DeclaredQuant, universe: list[str]) -> list[_OnePatte
     # one name; this keeps the check linear for ~100k modules.
     text = "\n".join(layers)
     exact = set(names)
+    expert_layers = [layer for shard, layer in views if _expert_rule_applies(shard, layer)]
     unused = []
     for pat in decl.matcher().patterns:
-        if not pat._regex_only and any(f in exact for f in pat._forms):
+        exact_hit = not pat._regex_only and any(f in exact for f in pat._forms)
+        expert_hit = any(layer in f for f in pat._expert_forms for layer in expert_layers)
+        if exact_hit or expert_hit:
             hit = True
         elif pat._exact:
             hit = False

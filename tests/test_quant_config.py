@@ -214,6 +214,10 @@ def test_declared_compressed_tensors() -> None:
     assert declared_format(decl, f"{VLM}layers.0.linear_attn.out_proj") is None
     assert declared_format(decl, "lm_head") is None
     assert declared_format(decl, "mtp.fc") is None  # re:^mtp.*
+    no_ignore = declared_quant(QuantConfigs(qwen35_moe_config(
+        compressed_tensors_nvfp4_config([])), None))  # fmt: skip
+    assert declared_format(no_ignore, "mtp.fc") == "NVFP4"
+    assert declared_format(no_ignore, "lm_head") is None  # "Linear" targets no LM head
 
 
 def test_declared_fp8_method_matches_exactly() -> None:
@@ -289,7 +293,10 @@ def test_declared_quantization_config_not_object() -> None:
         ("*.qkv_proj", f"{VLM}layers.3.self_attn.k_proj", True),
         ("in_proj_ba", f"{VLM}layers.0.linear_attn.in_proj_a", True),
         # routed experts are one vLLM layer
-        ("mtp.layers.0.mlp.experts.0.up_proj", "mtp.layers.0.mlp.experts.0.up_proj", False),
+        # (vLLM's exact stage: an "experts" layer is skipped when its name is a substring
+        # of any pattern containing "experts": one per-expert entry excludes all experts)
+        ("mtp.layers.0.mlp.experts.0.up_proj", "mtp.layers.0.mlp.experts.1.up_proj", True),
+        ("*.experts.0.up_proj", "mtp.layers.0.mlp.experts.1.up_proj", False),
         ("mtp.layers.0.mlp.experts", "mtp.layers.0.mlp.experts.0.up_proj", True),
         ("*.experts", "mtp.layers.0.mlp.experts.gate_up_proj", True),
     ],
@@ -668,18 +675,32 @@ for n in ("torchvision._meta_registrations", "torchvision._autograd_registration
     sys.modules[n] = types.ModuleType(n)
 for n in ("torchaudio", "torchcodec"):
     sys.modules[n] = None
-from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
+from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+    CompressedTensorsConfig)
+from vllm.model_executor.layers.quantization.compressed_tensors.utils import should_ignore_layer
+from vllm.model_executor.layers.quantization.modelopt import (
+    ModelOptMixedPrecisionConfig, ModelOptNvFp4Config)
 from vllm.model_executor.models.qwen3_5 import Qwen3_5MoeForConditionalGeneration as M
-job = json.load(sys.stdin)
+mapper = M.hf_to_vllm_mapper.get_rename_mapper()
 out = []
-for hq, layers in job:
-    cfg = ModelOptNvFp4Config.from_config(hq)
-    cfg.apply_vllm_mapper(M.hf_to_vllm_mapper.get_rename_mapper())
+for kind, doc, layers in json.load(sys.stdin):
+    cls = {"nvfp4": ModelOptNvFp4Config, "mixed": ModelOptMixedPrecisionConfig,
+           "ct": CompressedTensorsConfig}[kind]
+    cfg = cls.from_config(doc)
+    cfg.apply_vllm_mapper(mapper)
     cfg.packed_modules_mapping = M.packed_modules_mapping
     res = {}
     for layer in layers:
         try:
-            res[layer] = cfg.is_layer_excluded(layer)
+            if kind == "ct":
+                ignored = should_ignore_layer(layer, cfg.ignore, M.packed_modules_mapping)
+                res[layer] = None if ignored else "NVFP4"
+            elif cfg.is_layer_excluded(layer):
+                res[layer] = None
+            elif kind == "mixed":
+                res[layer] = cfg._resolve_quant_algo(layer)
+            else:
+                res[layer] = "NVFP4"
         except ValueError:
             res[layer] = "inconsistent"
     out.append(res)
@@ -710,35 +731,58 @@ def vllm_layer(module: str) -> str:
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_matching_agrees_with_vllm_is_layer_excluded() -> None:
+def test_matching_agrees_with_vllm() -> None:
+    """Our per-module answer equals vLLM's per-layer answer (ModelOpt NVFP4 exclusions,
+    MIXED_PRECISION resolution, compressed-tensors ``ignore``), including on our rewrites."""
     pytest.importorskip("vllm")
-    cases: list[tuple[dict[str, Any], list[str]]] = []
+    cases: list[tuple[str, dict[str, Any], list[str]]] = []
     for mtp_prefix in ("", VLM):
         configs, modules, drafter, stored = nvfp4_gap(mtp_prefix=mtp_prefix, router_gates=False)
-        variants = [configs.hf_quant,
-                    variant_configs(configs, drafter, modules)[0],
-                    fixed_exclusion_configs(configs, stored)[0]]  # fmt: skip
-        for extra in (["lm_head", "mtp.layers.1*", "*.mlp.gate"], ["self_attn", "mtp.fc"]):
+        docs = [configs.hf_quant,
+                variant_configs(configs, drafter, modules)[0],
+                fixed_exclusion_configs(configs, stored)[0]]  # fmt: skip
+        for extra in (["lm_head", "mtp.layers.1*", "*.mlp.gate"], ["self_attn", "mtp.fc"],
+                      ["*.q_proj", "mtp.layers.0.mlp.experts.1.up_proj", f"{VLM}mtp.fc"],
+                      [f"{VLM}layers.0.self_attn.q_proj", "*experts*"]):  # fmt: skip
             hq = copy.deepcopy(configs.hf_quant)
             assert hq is not None
             hq["quantization"]["exclude_modules"] = extra
-            variants.append(hq)
-        for hq in variants:
-            assert hq is not None
-            cases.append((hq, modules))
-    job = [(hq, sorted({vllm_layer(m) for m in mods})) for hq, mods in cases]
+            docs.append(hq)
+        cases += [("nvfp4", doc, modules) for doc in docs if doc is not None]
+        layers = {f"{VLM}layers.0.mlp.experts": "NVFP4", f"{VLM}layers.3.self_attn.q_proj": "FP8",
+                  f"{VLM}layers.3.self_attn.k_proj": "FP8", f"{VLM}layers.3.self_attn.v_proj":
+                  "FP8", "mtp.layers.0.mlp.experts": "NVFP4", "mtp.fc": "FP8",
+                  "lm_head": "FP8"}  # fmt: skip
+        hq, qc = modelopt_mixed_configs(layers, ["model.visual*"])
+        mixed = QuantConfigs(qwen35_moe_config(qc), hq)
+        cases.append(("mixed", qc, modules))
+        cases.append(("mixed", variant_configs(mixed, drafter, modules)[1]["quantization_config"],
+                      modules))  # fmt: skip
+        ct = QuantConfigs(qwen35_moe_config(compressed_tensors_nvfp4_config(["lm_head"])), None)
+        cases.append(("ct", ct.config["quantization_config"], modules))
+        cases.append(("ct", variant_configs(ct, drafter, modules)[1]["quantization_config"],
+                      modules))  # fmt: skip
+        cases.append(("ct", compressed_tensors_nvfp4_config(), modules))
+    job = [(kind, doc, sorted({vllm_layer(m) for m in mods})) for kind, doc, mods in cases]
     proc = subprocess.run([sys.executable, "-c", _ORACLE], input=json.dumps(job),
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     answers = json.loads(proc.stdout)
-    for (hq, mods), vllm_says in zip(cases, answers, strict=True):
-        decl = declared_quant(QuantConfigs(qwen35_moe_config(None), hq))
-        by_layer: dict[str, set[bool]] = {}
+    for (kind, doc, mods), vllm_says in zip(cases, answers, strict=True):
+        if kind == "nvfp4":
+            decl = declared_quant(QuantConfigs(qwen35_moe_config(None), doc))
+        else:
+            decl = declared_quant(QuantConfigs(qwen35_moe_config(doc), None))
+        by_layer: dict[str, set[str | None]] = {}
         for m in mods:
-            by_layer.setdefault(vllm_layer(m), set()).add(declared_format(decl, m) is None)
+            by_layer.setdefault(vllm_layer(m), set()).add(declared_format(decl, m))
         for layer, ours in by_layer.items():
-            assert len(ours) == 1 or vllm_says[layer] == "inconsistent", layer
-            assert vllm_says[layer] == next(iter(ours)), (hq["quantization"], layer)
+            if kind == "ct" and layer.endswith("lm_head"):
+                continue  # compressed-tensors never quantizes ParallelLMHead in vLLM
+            if vllm_says[layer] == "inconsistent":
+                assert len(ours) > 1, (kind, layer)
+                continue
+            assert ours == {vllm_says[layer]}, (kind, decl.exclude, layer)
 
 
 def _maybe(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
