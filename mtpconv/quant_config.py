@@ -28,7 +28,10 @@ differ, and `_vllm_view` models them:
 - fused layers (``qkv_proj``, ``gate_up_proj``, ``in_proj_qkvz``, ``in_proj_ba``): substring
   and fnmatch see the fused name; only exact patterns are checked shard by shard, so
   ``*.q_proj`` excludes nothing while ``...self_attn.q_proj`` (exact) does;
-- routed experts are one layer ``...mlp.experts``: a per-expert pattern excludes nothing;
+- routed experts are one layer ``...mlp.experts``; ``is_layer_skipped`` skips a layer whose
+  name contains "experts" when that name is a substring of any pattern containing
+  "experts", so a single per-expert entry excludes the whole layer, while a glob that names
+  one expert (``*.experts.0.up_proj``) excludes nothing;
 - the MTP drafter: ``Qwen3_5MTP`` / ``Qwen3NextMTP`` are built with prefix ``mtp`` and share
   the target's (already mapped) quant-config object, so a drafter module is matched as
   ``mtp.<rest>`` even when stored as ``model.language_model.mtp.*`` (a pattern spelled
