@@ -7,6 +7,7 @@ into one ``Error: ...`` line on stderr and its exit code (traceback only with
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Annotated
@@ -280,6 +281,20 @@ def main(argv: list[str] | None = None) -> None:
             console.err_console.print_exception()
         console.error(str(exc))
         sys.exit(exc.exit_code)
+    except OSError as exc:
+        # The library maps the failures it expects; any other OS failure (a full disk
+        # while writing the manifest, a file that cannot be opened) is still one line.
+        if _debug_enabled():
+            console.err_console.print_exception()
+        console.error(_os_error_message(exc))
+        sys.exit(1)
     except KeyboardInterrupt:
         console.error("interrupted; nothing was left half-written.")
         sys.exit(130)
+
+
+def _os_error_message(exc: OSError) -> str:
+    where = f" ({exc.filename})" if exc.filename else ""
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on the device{where}; free space and run again."
+    return f"{exc.strerror or exc}{where}; run again with --debug for details."
