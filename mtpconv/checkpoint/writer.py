@@ -208,14 +208,25 @@ def _remove_stale_temps(dst: Path) -> list[Path]:
 @contextlib.contextmanager
 def _lock(dst: Path) -> Iterator[None]:
     lock_path = dst.parent / f".{dst.name}.mtpconv.lock"
-    fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
+    while True:
+        fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            # Only the holder removes the lock file: a loser unlinking it would let a
+            # third process lock a fresh file and write alongside the holder.
+            os.close(fd)
             raise OutputError(
                 f"another mtpconv process is writing {dst}; wait for it to finish."
             ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the previous holder removed this file after we opened it; retry
+    try:
         yield
     finally:
         with contextlib.suppress(OSError):
@@ -244,7 +255,7 @@ def atomic_output_dir(dst: Path, *, force: bool = False) -> Iterator[Path]:
         try:
             yield tmp
             _fsync_dir(tmp)
-            if dst.exists():
+            if force and dst.exists():
                 old = dst.parent / f".{dst.name}{_TMP_MARK}{os.getpid()}-old-{uuid.uuid4().hex[:8]}"
                 os.rename(dst, old)
                 os.rename(tmp, dst)
