@@ -183,7 +183,8 @@ def inspect_checkpoint(
     decl = declared_quant(configs)
     drafter_modules = {module_of(n) for n in layout.drafter_tensors}
     findings = _layout_findings(layout)
-    findings += audit_quant_configs(configs, linear_modules(files.tensors), drafter_modules)
+    findings += audit_quant_configs(configs, linear_modules(files.tensors), drafter_modules,
+                                    all_modules={module_of(n) for n in files.tensors})  # fmt: skip
     manifest = read_manifest(source.directory) if source.repo_id is None else None
     if manifest is not None:
         findings = _variant_findings(findings, manifest)
