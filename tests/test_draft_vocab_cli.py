@@ -95,8 +95,16 @@ def test_binary_corpus_one_error_line(source: Path, tmp_path: Path) -> None:
     assert line.startswith("Error: corpus file ") and "blob.txt" in line and "binary" in line
 
 
-def test_hub_repo_id_offline(source: Path, corpus: Path, tmp_path: Path) -> None:
-    """A repo id resolves through the HF cache (HF_HUB_OFFLINE=1 from conftest)."""
+def test_hub_repo_id_offline(
+    source: Path, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repo id resolves through the HF cache, offline, fetching no weights."""
+    import huggingface_hub.constants as hf_constants
+
+    # huggingface_hub reads HF_HOME / HF_HUB_OFFLINE once, at import: point its
+    # frozen copies at this test's cache whatever imported it first.
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", os.path.join(os.environ["HF_HOME"], "hub"))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     missing = _run_main(["build-draft-vocab", "acme/absent", "--corpus", str(corpus),
                          "--size", "16", "-o", str(tmp_path / "x.pt")])  # fmt: skip
     assert missing[0] == 1 and "not in the local Hugging Face cache" in missing[2]
