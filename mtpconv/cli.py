@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 from typing import Annotated
 
@@ -274,6 +275,10 @@ def _debug_enabled() -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
+    try:  # SIGTERM unwinds like Ctrl-C, so every command cleans up its temporary files
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    except ValueError:  # not the main thread (embedded use)
+        previous = None
     try:
         app(args=argv, standalone_mode=True)
     except MtpconvError as exc:
@@ -291,6 +296,13 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         console.error("interrupted; nothing was left half-written.")
         sys.exit(130)
+    except SystemExit as exc:
+        if exc.code == 130:  # typer turns Ctrl-C into a silent exit 130: say it in one line
+            console.error("interrupted; nothing was left half-written.")
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _os_error_message(exc: OSError) -> str:
