@@ -285,6 +285,8 @@ def quantize_mtp(
             raise ConversionError("config.json has no vocab_size; cannot check the draft vocab ids.")
         ids = load_draft_vocab_ids(draft_vocab, layout.vocab_size)
         vocab_meta = _read_sidecar(sidecar_path(draft_vocab))
+        if vocab_meta.get("ids_sha256") not in (None, sha256_file(draft_vocab)):
+            vocab_meta = {}  # a stale sidecar from another run: its coverage is not this file's
     dst_path = Path(dst).expanduser()
     check_destination(source.directory, dst_path)
     plan = build_plan(files, layout, draft_vocab_rows=None if ids is None else int(ids.numel()),
