@@ -69,7 +69,7 @@ def draft_cost(
     stack_fp8 = 0.0
     for name in layout.drafter_tensors:
         info = tensors[name]
-        if name.endswith("embed_tokens.weight") or "shared_head.head" in name:
+        if name.endswith("embed_tokens.weight") or "shared_head.head" in name or "draft_lm_head" in name:
             continue  # a lookup reads one row; a drafter-own head is counted as the head
         share = fraction if _ROUTED_EXPERT.search(name) else 1.0
         if layers > 1 and _PER_LAYER.search(name):
@@ -92,6 +92,10 @@ def draft_cost(
     hidden = layout.hidden_size or (head.shape[1] if head is not None and len(head.shape) > 1 else 0)
     head_now = head.nbytes if head is not None else rows * hidden * 2
     k = min(draft_vocab_size, rows) if rows else draft_vocab_size
+    truncated = [n for n in layout.drafter_tensors if "draft_lm_head" in n]
+    if truncated:  # a variant: its draft step already reads the truncated head
+        head_now = sum(tensors[n].nbytes for n in truncated)
+        k = next(tensors[n].shape[0] for n in truncated if n.endswith(".weight"))
     return DraftCost(
         stack_now=round(stack_now),
         stack_fp8=round(stack_fp8),
