@@ -94,7 +94,8 @@ def describe_drafter(worker: Any) -> dict[str, Any]:
 
 
 @contextmanager
-def serve(model: Path, *, spec: bool = True, **kwargs: Any) -> Iterator[Any]:
+def serve(model: Path, *, spec: bool = True, spec_extra: dict[str, Any] | None = None,
+          **kwargs: Any) -> Iterator[Any]:  # fmt: skip
     """A vLLM ``LLM`` on CPU in this process; shut down on exit."""
     from vllm import LLM
 
@@ -103,7 +104,8 @@ def serve(model: Path, *, spec: bool = True, **kwargs: Any) -> Iterator[Any]:
                                 max_num_seqs=8, seed=0, disable_log_stats=False,
                                 enable_prefix_caching=False)  # fmt: skip
     if spec:
-        args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": NUM_SPEC_TOKENS}
+        args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": NUM_SPEC_TOKENS,
+                                      **(spec_extra or {})}  # fmt: skip
     args.update(kwargs)
     llm = LLM(**args)
     try:
@@ -124,7 +126,7 @@ def generate(llm: Any, prompts: list[list[int]] = PROMPTS, max_tokens: int = MAX
 
 
 def run(model: Path, *, spec: bool = True, env: dict[str, str] | None = None,
-        probe: Any = None) -> Run:  # fmt: skip
+        probe: Any = None, spec_extra: dict[str, Any] | None = None) -> Run:  # fmt: skip
     """Serve ``model``, generate :data:`PROMPTS` greedily, report and shut down.
 
     ``probe(worker)`` runs on vLLM's worker (same process) while the model is up;
@@ -133,7 +135,7 @@ def run(model: Path, *, spec: bool = True, env: dict[str, str] | None = None,
     saved = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     try:
-        with serve(model, spec=spec) as llm:
+        with serve(model, spec=spec, spec_extra=spec_extra) as llm:
             outputs = generate(llm)
             result = Run(outputs=outputs)
             if spec:

@@ -22,6 +22,9 @@ def runs(models: dict[str, Path]) -> dict[str, Run]:
         "fp8_vocab": run(models["planted_fp8_vocab"], probe=stage_local_probe),
         "fp8_vocab_off": run(models["planted_fp8_vocab"], env={"MTPCONV_DRAFT_VOCAB": "0"}),
         "swapped_fp8": run(models["planted_swapped_fp8"]),
+        # vLLM's local-argmax path calls the drafter's get_top_tokens, not compute_logits.
+        "fp8_vocab_local_argmax": run(models["planted_fp8_vocab"],
+                                      spec_extra={"use_local_argmax_reduction": True}),
     }
 
 
@@ -29,12 +32,14 @@ def test_planted_target_generates_t_plus_one(runs: dict[str, Run]) -> None:
     assert runs["nospec"].outputs == [planted_continuation(p) for p in PROMPTS]
 
 
-@pytest.mark.parametrize("variant", ["bf16", "fp8", "fp8_vocab", "fp8_vocab_off", "swapped_fp8"])
+@pytest.mark.parametrize("variant", ["bf16", "fp8", "fp8_vocab", "fp8_vocab_off", "swapped_fp8",
+                                     "fp8_vocab_local_argmax"])
 def test_speculative_output_equals_plain_greedy(runs: dict[str, Run], variant: str) -> None:
     assert runs[variant].outputs == runs["nospec"].outputs
 
 
-@pytest.mark.parametrize("variant", ["bf16", "fp8", "fp8_vocab", "fp8_vocab_off"])
+@pytest.mark.parametrize("variant", ["bf16", "fp8", "fp8_vocab", "fp8_vocab_off",
+                                     "fp8_vocab_local_argmax"])
 def test_planted_drafter_is_accepted(runs: dict[str, Run], variant: str) -> None:
     r = runs[variant]
     assert r.drafted > 0

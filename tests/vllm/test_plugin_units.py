@@ -1,0 +1,140 @@
+"""Plugin pieces without serving a model: registration, FP8 kernels, manifest settings."""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+import torch
+
+import mtpconv.vllm_plugin as plugin
+from mtpconv.errors import ManifestError
+from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8
+from mtpconv.vllm_plugin import kernels
+from mtpconv.vllm_plugin.settings import drafter_settings, normalize_name
+
+
+def test_entry_point_is_declared() -> None:
+    eps = [ep for ep in entry_points(group="vllm.general_plugins") if ep.name == "mtpconv"]
+    assert len(eps) == 1 and eps[0].load() is plugin.register
+
+
+def _recording_registry(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    from vllm import ModelRegistry
+
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(ModelRegistry, "register_model", lambda a, c: calls.append((a, c)))
+    monkeypatch.setattr(plugin, "_registered", False)
+    return calls
+
+
+def test_register_is_idempotent(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _recording_registry(monkeypatch)
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    plugin.register()
+    plugin.register()
+    assert calls == list(plugin.DRAFTER_CLASSES.items())
+    assert {a for a, _ in calls} == {"Qwen3_5MTP", "Qwen3_5MoeMTP", "Qwen3NextMTP"}
+
+
+@pytest.mark.parametrize("allow", ["", "other", "lora_filesystem_resolver, other"])
+def test_register_respects_vllm_plugins(monkeypatch: pytest.MonkeyPatch, allow: str) -> None:
+    calls = _recording_registry(monkeypatch)
+    monkeypatch.setenv("VLLM_PLUGINS", allow)
+    plugin.register()
+    assert calls == []
+    monkeypatch.setenv("VLLM_PLUGINS", "other,mtpconv")
+    plugin.register()
+    assert len(calls) == 3
+
+
+def test_register_without_vllm_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plugin, "_registered", False)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
+    plugin.register()
+    assert plugin._registered is False
+
+
+def _fp8(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g)
+    q = quantize_fp8(w)
+    return q.weight, q.scale, torch.randn(5, k, generator=g).to(torch.bfloat16)
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Within bf16 output rounding: relative L2 error below 1%."""
+    return float((out - ref).norm() / ref.norm()) < 1e-2
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    return x.float() @ (w.float() * rows.reshape(-1, 1)).t()
+
+
+def test_cpu_weight_only_kernel_matches_dequantized_reference() -> None:
+    w, s, x = _fp8(64, 128)
+    prepared = kernels.PreparedFp8(w, s.reshape(1).expand(64))
+    assert prepared.kernel == kernels.CPU_VNNI
+    assert prepared.weight.dtype == torch.float8_e4m3fn  # packed, still FP8
+    ref = x.float() @ dequantize_fp8(w, s).t()
+    out = prepared.apply(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (5, 64)
+    assert _close(out.float(), ref)
+
+
+def test_fused_shards_keep_their_own_scales() -> None:
+    (wq, sq, x), (wk, sk, _) = _fp8(64, 128, 1), _fp8(32, 128, 2)
+    w = torch.cat([wq, wk])
+    rows = kernels.row_scales(torch.stack([sq * 3, sk]), [64, 32])
+    for kernel in (kernels.CPU_VNNI, kernels.DEQUANT):
+        out = kernels.PreparedFp8(w, rows, kernel).apply(x)
+        assert _close(out.float(), _reference(x, w, rows)), kernel
+
+
+def test_shapes_the_cpu_kernel_cannot_take_fall_back() -> None:
+    w, s, x = _fp8(40, 64)  # N not a multiple of 32: the vLLM op would abort the process
+    prepared = kernels.PreparedFp8(w, s.reshape(1).expand(40))
+    assert prepared.kernel == kernels.DEQUANT
+    rows = s.reshape(1).expand(40)
+    assert _close(prepared.apply(x).float(), _reference(x, w, rows))
+
+
+def test_checkpoint_names_of_vllm_prefixes() -> None:
+    from mtpconv.vllm_plugin.quant import checkpoint_names
+
+    packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    assert checkpoint_names("mtp.fc", packed) == ["mtp.fc"]
+    assert checkpoint_names("model.mtp.layers.0.self_attn.qkv_proj", packed) == [
+        "mtp.layers.0.self_attn.q_proj", "mtp.layers.0.self_attn.k_proj",
+        "mtp.layers.0.self_attn.v_proj"]  # fmt: skip
+    assert checkpoint_names("model.layers.0.mlp.gate_up_proj", packed) == []
+    assert normalize_name("model.language_model.mtp.fc") == "mtp.fc"
+
+
+def test_settings_from_manifest(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                tmp_path: Path) -> None:  # fmt: skip
+    assert drafter_settings(str(models["planted"]), None, 512) is None
+    s = drafter_settings(str(models["planted_fp8_vocab"]), None, 512)
+    assert s is not None and s.head is not None
+    assert s.head.dtype == "fp8" and s.head.ids.tolist() == list(range(384))
+    assert "mtp.layers.0.self_attn.q_proj" in s.fp8_modules
+    monkeypatch.setenv("MTPCONV_DRAFT_VOCAB", "0")
+    off = drafter_settings(str(models["planted_fp8_vocab"]), None, 512)
+    assert off is not None and off.head is None and off.fp8_modules == s.fp8_modules
+
+
+def test_tampered_ids_file_is_refused(models: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    copy = Path(shutil.copytree(models["planted_fp8_vocab"], tmp_path / "v"))
+    torch.save(torch.arange(0, 383, dtype=torch.int64), copy / "mtp_draft_vocab_ids.pt")
+    with pytest.raises(ManifestError, match="sha256"):
+        drafter_settings(str(copy), None, 512)
+    doc = json.loads((copy / "mtpconv.json").read_text())
+    doc["drafter"]["activation_scheme"] = "static"
+    (copy / "mtpconv.json").write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="not supported"):
+        drafter_settings(str(copy), None, 512)
