@@ -139,6 +139,17 @@ def load_checkpoint_files(
                     "tensor; the index does not match the shards."
                 )
             weight_map[name] = rel
+        for rel, header in shards.items():
+            for name in header.tensors:
+                # A tensor the index does not place in this shard would be silently
+                # dropped (or duplicated) by a conversion that rewrites the shard.
+                if weight_map.get(name) != rel:
+                    where = (f"puts it in {weight_map[name]}" if name in weight_map
+                             else "does not list it")  # fmt: skip
+                    raise CheckpointFormatError(
+                        f"{rel} holds tensor {name!r} but {INDEX_NAME} {where}; the index "
+                        "does not match the shards. Re-export the index."
+                    )
         meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
         return CheckpointFiles(directory, INDEX_NAME, dict(meta or {}), shards, weight_map)
 
