@@ -192,6 +192,15 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _remove(path: Path) -> None:
+    """Remove a directory tree, or a file / link (a --force'd destination may be a file)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
 def _remove_stale_temps(dst: Path) -> list[Path]:
     removed = []
     for entry in dst.parent.glob(f".{dst.name}{_TMP_MARK}*"):
@@ -200,7 +209,7 @@ def _remove_stale_temps(dst: Path) -> list[Path]:
         except ValueError:
             continue
         if not _pid_alive(pid):
-            shutil.rmtree(entry, ignore_errors=True)
+            _remove(entry)
             removed.append(entry)
     return removed
 
@@ -259,7 +268,7 @@ def atomic_output_dir(dst: Path, *, force: bool = False) -> Iterator[Path]:
                 old = dst.parent / f".{dst.name}{_TMP_MARK}{os.getpid()}-old-{uuid.uuid4().hex[:8]}"
                 os.rename(dst, old)
                 os.rename(tmp, dst)
-                shutil.rmtree(old, ignore_errors=True)
+                _remove(old)
             else:
                 os.rename(tmp, dst)
             _fsync_dir(dst.parent)
