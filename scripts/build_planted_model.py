@@ -18,9 +18,10 @@ Both write a real Hugging Face directory: ``config.json`` (all ``layer_types``
 ``full_attention``, no ``mrope_section``), ``model.safetensors`` in bf16 with
 the drafter under ``mtp.*``, a byte-level ``tokenizer.json`` built with the
 ``tokenizers`` library and ``tokenizer_config.json``. ``--moe`` gives a
-Qwen3.5-MoE model (routed experts, shared expert) instead of the dense one.
+Qwen3.5-MoE model (routed experts, shared expert) instead of the dense one,
+``--next`` the same MoE block in the Qwen3-Next layout (served by ``Qwen3NextMTP``).
 
-Usage: ``python scripts/build_planted_model.py DST [--kind planted|random] [--moe] [--swap-fc]``
+Usage: ``python scripts/build_planted_model.py DST [--kind planted|random] [--moe|--next] [--swap-fc]``
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class TinySpec:
     kv_heads: int = 2
     head_dim: int = 32
     moe: bool = False
+    next: bool = False  # Qwen3-Next layout (always MoE; MTP depth in num_nextn_predict_layers)
     experts: int = 4
     experts_per_token: int = 2
     moe_intermediate: int = 64
@@ -53,9 +55,12 @@ class TinySpec:
 
 
 def _config(s: TinySpec) -> dict[str, object]:
+    arch, model_type = (("Qwen3NextForCausalLM", "qwen3_next") if s.next else
+                        ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text") if s.moe else
+                        ("Qwen3_5ForCausalLM", "qwen3_5_text"))  # fmt: skip
     cfg: dict[str, object] = {
-        "architectures": ["Qwen3_5MoeForCausalLM" if s.moe else "Qwen3_5ForCausalLM"],
-        "model_type": "qwen3_5_moe_text" if s.moe else "qwen3_5_text",
+        "architectures": [arch],
+        "model_type": model_type,
         "vocab_size": s.vocab,
         "hidden_size": s.hidden,
         "num_hidden_layers": s.layers,
@@ -71,15 +76,15 @@ def _config(s: TinySpec) -> dict[str, object]:
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                             "partial_rotary_factor": 0.25},  # fmt: skip
         "layer_types": ["full_attention"] * s.layers,
-        "mtp_num_hidden_layers": 1,
         "eos_token_id": s.vocab - 1,
         "dtype": "bfloat16",
     }
+    cfg["num_nextn_predict_layers" if s.next else "mtp_num_hidden_layers"] = 1
     if s.moe:
         cfg.update(num_experts=s.experts, num_experts_per_tok=s.experts_per_token,
                    moe_intermediate_size=s.moe_intermediate,
                    shared_expert_intermediate_size=s.shared_intermediate,
-                   norm_topk_prob=True)  # fmt: skip
+                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])  # fmt: skip
     else:
         cfg["intermediate_size"] = s.intermediate
     return cfg
@@ -174,12 +179,12 @@ def write_tokenizer(directory: Path, vocab_size: int) -> None:
          "model_max_length": 1024, "clean_up_tokenization_spaces": False}, indent=2) + "\n")  # fmt: skip
 
 
-def build_model(dst: str | Path, *, kind: str = "planted", moe: bool = False,
+def build_model(dst: str | Path, *, kind: str = "planted", moe: bool = False, next: bool = False,
                 swap_fc: bool = False, seed: int = 0) -> Path:  # fmt: skip
     """Write the tiny checkpoint directory ``dst`` and return it."""
     out = Path(dst)
     out.mkdir(parents=True, exist_ok=True)
-    spec = TinySpec(moe=moe)
+    spec = TinySpec(moe=moe or next, next=next)
     save_file(build_tensors(spec, kind=kind, swap_fc=swap_fc, seed=seed),
               str(out / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
     (out / "config.json").write_text(json.dumps(_config(spec), indent=2) + "\n")
@@ -193,10 +198,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("dst")
     ap.add_argument("--kind", choices=["planted", "random"], default="planted")
     ap.add_argument("--moe", action="store_true")
+    ap.add_argument("--next", action="store_true", help="Qwen3-Next layout (MoE, Qwen3NextMTP)")
     ap.add_argument("--swap-fc", action="store_true", help="mis-converted drafter (fc halves swapped)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    print(build_model(a.dst, kind=a.kind, moe=a.moe, swap_fc=a.swap_fc, seed=a.seed))
+    print(build_model(a.dst, kind=a.kind, moe=a.moe, next=a.next, swap_fc=a.swap_fc, seed=a.seed))
 
 
 if __name__ == "__main__":

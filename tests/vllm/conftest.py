@@ -46,7 +46,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     ``planted*``: next token ``t + 1``; ``random*``: a fixed random permutation with
     a random drafter; ``moe*``: the planted model with a Qwen3.5-MoE layout.
-    ``*_fp8`` has FP8 drafter linears; ``*_fp8_vocab`` adds a 384-row FP8 draft head
+    ``next*``: the same in the Qwen3-Next layout. ``*_fp8`` has FP8 drafter linears; ``*_fp8_vocab`` adds a 384-row FP8 draft head
     (ids 0..383), ``*_fp8_vocab_bf16`` the same head in BF16.
     """
     from tests.vllm._harness import planted_builder, quantize_mtp, write_ids
@@ -56,11 +56,12 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ids = write_ids(root / "ids.pt", list(range(384)))
     out: dict[str, Path] = {}
     for name, kw in {"planted": {}, "planted_swapped": {"swap_fc": True},
-                     "random": {"kind": "random"}, "moe": {"moe": True}}.items():  # fmt: skip
+                     "random": {"kind": "random"}, "moe": {"moe": True},
+                     "next": {"next": True}}.items():  # fmt: skip
         out[name] = build(root / name, **kw)
     for name in ("planted", "planted_swapped", "random", "moe"):
         out[f"{name}_fp8"] = quantize_mtp(out[name], root / f"{name}_fp8")
-    for name in ("planted", "random", "moe"):
+    for name in ("planted", "random", "moe", "next"):
         out[f"{name}_fp8_vocab"] = quantize_mtp(out[name], root / f"{name}_fp8_vocab",
                                                 "--draft-vocab", str(ids))  # fmt: skip
     out["random_fp8_vocab_bf16"] = quantize_mtp(out["random"], root / "random_fp8_vocab_bf16",

@@ -1,5 +1,6 @@
 """Greedy output with MTP equals plain greedy decoding, on a model whose random
-drafter is mostly rejected (vLLM's correction path) and on a tiny MoE model."""
+drafter is mostly rejected (vLLM's correction path), on a tiny Qwen3.5-MoE model
+and on a tiny Qwen3-Next model (``Qwen3NextMTP``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ def random_runs(models: dict[str, Path]) -> dict[str, Run]:
 def moe_runs(models: dict[str, Path]) -> dict[str, Run]:
     return {name: run(models[src], spec=name != "nospec") for name, src in {
         "nospec": "moe", "bf16": "moe", "fp8": "moe_fp8", "fp8_vocab": "moe_fp8_vocab"}.items()}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def next_runs(models: dict[str, Path]) -> dict[str, Run]:
+    return {name: run(models[src], spec=name != "nospec") for name, src in {
+        "nospec": "next", "bf16": "next", "fp8_vocab": "next_fp8_vocab"}.items()}  # fmt: skip
 
 
 @pytest.mark.parametrize("variant", ["bf16", "fp8", "fp8_vocab", "fp8_vocab_bf16"])
@@ -67,3 +74,21 @@ def test_moe_fp8_experts_really_used(moe_runs: dict[str, Run]) -> None:
     assert r.modules["model.draft_lm_head"][:3] == ("Fp8DraftHeadMethod", FP8, (384, 128))
     stock = moe_runs["bf16"].modules[f"{experts}.w13_weight"]
     assert stock[:2] == ("UnquantizedFusedMoEMethod", "torch.bfloat16")
+
+
+@pytest.mark.parametrize("variant", ["bf16", "fp8_vocab"])
+def test_qwen3_next_output_unchanged_and_accepted(next_runs: dict[str, Run], variant: str) -> None:
+    assert next_runs["nospec"].outputs == [planted_continuation(p) for p in PROMPTS]
+    r = next_runs[variant]
+    assert r.drafter_class == "mtpconv.vllm_plugin.qwen3_next.MtpconvQwen3NextMTP"
+    assert r.outputs == next_runs["nospec"].outputs
+    assert r.acceptance >= 0.95, f"{variant}: {r.accepted}/{r.drafted}"
+
+
+def test_qwen3_next_fp8_drafter_really_used(next_runs: dict[str, Run]) -> None:
+    mods = next_runs["fp8_vocab"].modules
+    assert mods["model.fc"][:2] == ("Fp8DrafterLinearMethod", FP8)
+    assert mods["model.layers.0.self_attn.qkv_proj"][:2] == ("Fp8DrafterLinearMethod", FP8)
+    assert mods["model.draft_lm_head"][:3] == ("Fp8DraftHeadMethod", FP8, (384, 128))
+    assert next(v for n, v in mods.items() if n.endswith(".w13_weight"))[1] == FP8
+    assert next_runs["bf16"].modules["model.fc"][:2] == ("UnquantizedLinearMethod", "torch.bfloat16")
