@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles
 from mtpconv.checkpoint.writer import TensorSpec
-from mtpconv.errors import ConversionError, LayoutError, OutputError
+from mtpconv.errors import ConversionError, LayoutError, OutputError, SourceError
 from mtpconv.layouts import Linear, MtpLayout
 from mtpconv.manifest import DRAFT_HEAD_NAME, MANIFEST_NAME
 
@@ -118,6 +118,11 @@ def _other_files(source_dir: Path, files: CheckpointFiles) -> list[str]:
             rel = os.path.relpath(os.path.join(root, name), source_dir)
             if rel in shards or rel in OWN_FILES or name.startswith("."):
                 continue
+            if not os.path.isfile(os.path.join(root, name)):
+                # A FIFO would block the hashing thread forever (not even SIGTERM ends it).
+                raise SourceError(f"{rel} in {source_dir} is not a regular file (a FIFO, "
+                                  "socket, device or broken link); move it out of the "
+                                  "checkpoint.")  # fmt: skip
             out.append(rel)
     return out
 
