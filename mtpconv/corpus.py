@@ -170,6 +170,8 @@ def _jsonl_texts(cf: CorpusFile, text_field: str) -> Iterator[tuple[str, BinaryI
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DraftVocabError(f"{where} is not valid JSON ({exc.msg}).") from exc
+        except RecursionError:
+            raise DraftVocabError(f"{where} is JSON nested too deeply to hold a text.") from None
         if not isinstance(record, dict):
             raise DraftVocabError(f"{where} is not a JSON object.")
         text = record.get(text_field)

@@ -147,7 +147,7 @@ class TokenizerInfo:
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise DraftVocabError(f"{path} cannot be read as JSON ({exc}).") from exc
 
 

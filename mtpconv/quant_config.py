@@ -132,6 +132,10 @@ def _load_json_object(path: Path) -> dict[str, Any]:
             f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
             "restore the original file."
         ) from exc
+    except RecursionError:
+        raise QuantConfigError(
+            f"{path} is nested too deeply to be a config; restore the original file."
+        ) from None
     if not isinstance(doc, dict):
         raise QuantConfigError(
             f"{path} must hold a JSON object, found {type(doc).__name__}; restore the original."
