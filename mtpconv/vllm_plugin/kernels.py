@@ -99,7 +99,10 @@ class PreparedFp8:
             if not self.uniform:
                 y = (y.to(torch.float32) * self.row_scale).to(x.dtype)
         elif self.kernel == CUDA:
-            y = _cuda_fp8_linear(x2, self.weight, self.row_scale)
+            # A 0-d scale lets fp8_linear take its fastest (fused per-tensor) path.
+            scale = self.scalar_scale if self.uniform else self.row_scale
+            y = _cuda_fp8_linear(x2, self.weight, scale, bias)
+            bias = None
         else:
             w = self.weight if self.kernel != CPU_VNNI else None
             if w is None:  # packed for the CPU kernel but called with a non-BF16 input
@@ -111,13 +114,16 @@ class PreparedFp8:
         return y.reshape(*lead, self.n)
 
 
-def _cuda_fp8_linear(x: torch.Tensor, w: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+def _cuda_fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                     bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """``scale`` is 0-d (one per tensor) or ``[N]`` (one per output row)."""
     try:
         from mtpconv.kernels import fp8_linear
     except ImportError:
-        return scaled_mm_per_token(x, w, row_scale)
-    y: torch.Tensor = fp8_linear(x, w, row_scale)
-    return y
+        y = scaled_mm_per_token(x, w, scale.reshape(-1).expand(w.shape[0]).contiguous())
+        return y if bias is None else y + bias
+    out: torch.Tensor = fp8_linear(x, w, scale, bias)
+    return out
 
 
 def scaled_mm_per_token(x: torch.Tensor, w: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
