@@ -208,7 +208,9 @@ def _remove_stale_temps(dst: Path) -> list[Path]:
             pid = int(entry.name.rsplit(_TMP_MARK, 1)[1].split("-", 1)[0])
         except ValueError:
             continue
-        if not _pid_alive(pid):
+        # Called under the lock, so a temp with our own pid is stale too: a killed run in
+        # a container often had the same pid (1, 7, ...) as the run that finds its leftovers.
+        if pid == os.getpid() or not _pid_alive(pid):
             _remove(entry)
             removed.append(entry)
     return removed
