@@ -232,12 +232,30 @@ def _head_rows(reader: _SourceReader, files: CheckpointFiles, source: str,
     return reader.tensor(source)[ids]
 
 
-def _file_digest(path: Path) -> str:
-    """sha256 of a file; free for Hugging Face cache blobs, whose name is their sha256."""
+def _known_lfs_digest(path: Path, root: Path) -> str | None:
+    """The sha256 huggingface_hub already recorded for a downloaded LFS file, if trustworthy.
+
+    Cache snapshots link to blobs named by their sha256; ``hf download --local-dir``
+    keeps ``.cache/huggingface/download/<file>.metadata`` (commit, etag, timestamp),
+    whose etag is the sha256 while the file is not newer than the record. Read-only:
+    unlike huggingface_hub's own reader, this never deletes a malformed record.
+    """
     real = Path(os.path.realpath(path))
     if _LFS_BLOB.match(real.name) and real.parent.name == "blobs":
         return real.name
-    return sha256_file(real)
+    meta = root / ".cache" / "huggingface" / "download" / f"{path.relative_to(root)}.metadata"
+    try:
+        _, etag, stamp = meta.read_text(encoding="utf-8").splitlines()[:3]
+        fresh = real.stat().st_mtime - 1 <= float(stamp)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    etag = etag.strip().strip('"')
+    return etag if fresh and _LFS_BLOB.match(etag) else None
+
+
+def _file_digest(path: Path, root: Path) -> str:
+    """sha256 of a file under ``root``; free where huggingface_hub already recorded it."""
+    return _known_lfs_digest(path, root) or sha256_file(os.path.realpath(path))
 
 
 def _drafter_modules(layout: MtpLayout, plan: ConversionPlan) -> list[str]:
@@ -346,17 +364,19 @@ def _write_variant(
                 report.linked += 1
             else:
                 report.copied += 1
-            hashes[rel] = pool.submit(_file_digest, source.directory / rel)
+            hashes[rel] = pool.submit(_file_digest, source.directory / rel, source.directory)
         for name in ("config.json", "hf_quant_config.json"):
             if (source.directory / name).is_file():
-                source_digests[name] = pool.submit(_file_digest, source.directory / name)
+                source_digests[name] = pool.submit(_file_digest, source.directory / name,
+                                                   source.directory)  # fmt: skip
         head_rows = None
         if plan.draft_head is not None and ids is not None:
             head_rows = _head_rows(reader, files, plan.draft_head.source_tensor, ids)
         job = _ShardJob(reader, device, head_rows, advance)
         try:
             for shard in plan.rewritten:
-                source_digests[shard.file] = pool.submit(_file_digest, source.directory / shard.file)
+                source_digests[shard.file] = pool.submit(_file_digest, source.directory / shard.file,
+                                                         source.directory)  # fmt: skip
                 digests[shard.file] = job.run(files, shard, tmp / shard.file)
         finally:
             reader.close()

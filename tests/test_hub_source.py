@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,41 @@ def test_remote_inspect_reads_headers(cached_repo: Path, monkeypatch: pytest.Mon
     report = inspect_checkpoint(REPO)
     assert report.family == "qwen3_5_moe" and report.shards == 3
     assert [f.module for f in report.findings if f.code == "plain-declared-quantized"] == ["mtp.fc"]
+
+
+def _local_dir_download(src: Path, etag_of: dict[str, str], stamp: float) -> None:
+    """What `hf download --local-dir` leaves: per-file metadata with the LFS sha256."""
+    meta = src / ".cache" / "huggingface" / "download"
+    meta.mkdir(parents=True)
+    for name, etag in etag_of.items():
+        (meta / f"{name}.metadata").write_text(f"{COMMIT}\n{etag}\n{stamp}\n")
+
+
+def test_local_dir_download_hashes_are_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mtpconv.convert as convert
+
+    src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5", shards=3))
+    shards = sorted(p.name for p in src.glob("*.safetensors"))
+    real = {n: hashlib.sha256((src / n).read_bytes()).hexdigest() for n in shards}
+    fake = "f" * 64
+    _local_dir_download(src, {shards[0]: real[shards[0]], shards[1]: fake}, time.time() + 5)
+    hashed: list[str] = []
+    original = convert.sha256_file
+    monkeypatch.setattr(convert, "sha256_file", lambda p: hashed.append(Path(p).name) or original(p))
+    quantize_mtp(str(src), tmp_path / "v", device="cpu")
+    manifest = read_manifest(tmp_path / "v")
+    assert manifest is not None
+    # the recorded etags were used as they are; the third shard had no record and was hashed
+    assert manifest.files[shards[0]] == real[shards[0]] and manifest.files[shards[1]] == fake
+    assert shards[0] not in hashed and shards[1] not in hashed
+    assert ".cache" not in {p.name for p in (tmp_path / "v").iterdir()}
+
+
+def test_stale_download_record_is_ignored(tmp_path: Path) -> None:
+    src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5", shards=3))
+    first = sorted(src.glob("*.safetensors"))[0]
+    _local_dir_download(src, {first.name: "f" * 64}, first.stat().st_mtime - 60)
+    quantize_mtp(str(src), tmp_path / "v", device="cpu")
+    manifest = read_manifest(tmp_path / "v")
+    assert manifest is not None
+    assert manifest.files[first.name] == hashlib.sha256(first.read_bytes()).hexdigest()
