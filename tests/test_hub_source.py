@@ -108,8 +108,10 @@ def _local_dir_download(src: Path, etag_of: dict[str, str], stamp: float) -> Non
 def test_local_dir_download_hashes_are_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import mtpconv.convert as convert
 
-    src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5", shards=3))
-    shards = sorted(p.name for p in src.glob("*.safetensors"))
+    src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5", shards=4))
+    plan = quantize_mtp(str(src), tmp_path / "v", device="cpu", dry_run=True).plan
+    shards = [s.file for s in plan.linked]  # untouched shards: their digests are copied over
+    assert len(shards) >= 2
     real = {n: hashlib.sha256((src / n).read_bytes()).hexdigest() for n in shards}
     fake = "f" * 64
     _local_dir_download(src, {shards[0]: real[shards[0]], shards[1]: fake}, time.time() + 5)
@@ -119,7 +121,7 @@ def test_local_dir_download_hashes_are_reused(tmp_path: Path, monkeypatch: pytes
     quantize_mtp(str(src), tmp_path / "v", device="cpu")
     manifest = read_manifest(tmp_path / "v")
     assert manifest is not None
-    # the recorded etags were used as they are; the third shard had no record and was hashed
+    # the recorded etags were used as they are; shards without a record were hashed
     assert manifest.files[shards[0]] == real[shards[0]] and manifest.files[shards[1]] == fake
     assert shards[0] not in hashed and shards[1] not in hashed
     assert ".cache" not in {p.name for p in (tmp_path / "v").iterdir()}
