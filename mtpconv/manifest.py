@@ -112,21 +112,60 @@ def parse_manifest(doc: Any, where: str = MANIFEST_NAME) -> Manifest:
             f"{FORMAT_VERSION}. Upgrade mtpconv or re-run `mtpconv quantize-mtp`."
         )
     try:
-        drafter = DrafterSection(**doc["drafter"])
+        drafter = DrafterSection(**_typed(doc["drafter"], _DRAFTER_TYPES, "drafter"))
+        if not all(isinstance(m, str) for m in drafter.fp8_linears):
+            raise TypeError("drafter.fp8_linears must be a list of strings")
         dv = doc.get("draft_vocab")
-        draft_vocab = DraftVocabSection(**dv) if dv is not None else None
+        draft_vocab = (DraftVocabSection(**_typed(dv, _DRAFT_VOCAB_TYPES, "draft_vocab"))
+                       if dv is not None else None)  # fmt: skip
+        errors = _typed_map(doc.get("quantization_error", {}), "quantization_error")
+        for name, stats in errors.items():
+            if not isinstance(stats, dict) or not all(_is_number(v) for v in stats.values()):
+                raise TypeError(f"quantization_error[{name!r}] must map names to numbers")
+        files = _typed_map(doc.get("files", {}), "files")
+        if not all(isinstance(v, str) for v in files.values()):
+            raise TypeError("files must map paths to sha256 strings")
         return Manifest(
-            source=dict(doc["source"]),
+            source=_typed_map(doc["source"], "source"),
             family=str(doc["family"]),
             drafter=drafter,
             draft_vocab=draft_vocab,
-            quantization_error=dict(doc.get("quantization_error", {})),
-            files=dict(doc.get("files", {})),
+            quantization_error=errors,
+            files=files,
             format_version=version,
-            tool=dict(doc.get("tool", {})),
+            tool=_typed_map(doc.get("tool", {}), "tool"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"{where} is malformed ({exc}); re-run `mtpconv quantize-mtp`.") from exc
+
+
+_DRAFTER_TYPES: dict[str, tuple[type, ...]] = {
+    "prefix": (str,), "fp8_linears": (list,), "activation_scheme": (str,), "weight_scheme": (str,)}
+_DRAFT_VOCAB_TYPES: dict[str, tuple[type, ...]] = {
+    "size": (int,), "file": (str,), "sha256": (str,), "head_tensor": (str,), "head_dtype": (str,),
+    "coverage": (int, float, type(None)), "corpus": (dict, type(None))}  # fmt: skip
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _typed_map(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be an object")
+    return dict(value)
+
+
+def _typed(value: Any, types: dict[str, tuple[type, ...]], name: str) -> dict[str, Any]:
+    """``value`` as keyword arguments, each field of the expected JSON type."""
+    section = _typed_map(value, name)
+    for key, item in section.items():
+        allowed = types.get(key)
+        if allowed is None:
+            raise TypeError(f"{name} has an unknown field {key!r}")
+        if not isinstance(item, allowed) or (isinstance(item, bool) and bool not in allowed):
+            raise TypeError(f"{name}.{key} has the wrong type ({type(item).__name__})")
+    return section
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> Manifest | None:
@@ -136,7 +175,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest | None:
         return None
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ManifestError(f"{path} cannot be read as JSON ({exc}).") from exc
     return parse_manifest(doc, str(path))
 

@@ -865,9 +865,6 @@ def test_force_over_a_file_leaves_no_stray_temp(small_src: Path, tmp_path: Path)
     assert (out / "v" / "mtpconv.json").is_file()
 
 
-@pytest.mark.xfail(strict=True, reason="mtpconv.manifest.parse_manifest does not type-check the "
-                   "fields of a hand-edited mtpconv.json (manifest.py, owned elsewhere); "
-                   "remove this mark when it does")  # fmt: skip
 @pytest.mark.parametrize(
     ("command", "edit"),
     [
