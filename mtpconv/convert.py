@@ -540,18 +540,27 @@ def _non_weight_files(directory: Path, files: CheckpointFiles) -> list[str]:
 
 def _rewrite_in_place(directory: Path, hf_quant: dict[str, Any] | None,
                       config: dict[str, Any]) -> list[str]:  # fmt: skip
-    backups = []
+    """Replace SRC's two JSON files, keeping the first ``.bak`` of each (the original).
+
+    Both new files are written and fsynced before either replaces its original,
+    so the window in which the two disagree is two renames long.
+    """
+    staged = []
     for name, doc in (("config.json", config), ("hf_quant_config.json", hf_quant)):
         if doc is None:
             continue
-        path = directory / name
-        backup = directory / f"{name}.bak"
-        shutil.copy2(path, backup)
-        backups.append(str(backup))
         tmp = directory / f".{name}.mtpconv-tmp"
         tmp.unlink(missing_ok=True)  # left by a killed run; write_json never overwrites
         write_json(tmp, dumps_config(doc))
-        os.replace(tmp, path)
+        staged.append((name, tmp))
+    backups = []
+    for name, _ in staged:
+        backup = directory / f"{name}.bak"
+        if not backup.exists():
+            shutil.copy2(directory / name, backup)
+        backups.append(str(backup))
+    for name, tmp in staged:
+        os.replace(tmp, directory / name)
     return backups
 
 
