@@ -60,8 +60,9 @@ class _RichProgress:
         self._task: Any = None
 
     def start(self, description: str, total: int) -> None:
-        if self._task is not None:
-            self._progress.update(self._task, completed=self._progress.tasks[0].total)
+        if self._task is not None:  # close the previous bar at its own total
+            done = next(t for t in self._progress.tasks if t.id == self._task)
+            self._progress.update(self._task, completed=done.total)
         self._task = self._progress.add_task(description, total=total)
 
     def advance(self, n: int) -> None:
