@@ -14,7 +14,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -381,6 +381,7 @@ def _write_variant(
         finally:
             reader.close()
         report.errors = job.errors
+        _wait_for_hashes(hashes, source.directory, progress)
         # The model card is the publisher's to replace (`mtpconv publish` generates one),
         # so README.md is carried along but not pinned by the manifest.
         digests.update({rel: f.result() for rel, f in hashes.items() if rel != "README.md"})
@@ -418,6 +419,17 @@ def _write_variant(
     )
     write_manifest(tmp, manifest)
     verify_output(tmp, plan)
+
+
+def _wait_for_hashes(hashes: dict[str, Future[str]], root: Path, progress: Any) -> None:
+    """Show the background hashing of untouched files, when any is still running."""
+    pending = {f: rel for rel, f in hashes.items() if not f.done()}
+    if not pending or progress is None:
+        return
+    sizes = {f: (root / rel).stat().st_size for f, rel in pending.items()}
+    progress.start("Hashing untouched files for the manifest", sum(sizes.values()))
+    for future in as_completed(pending):
+        progress.advance(sizes[future])
 
 
 def _index_text(files: CheckpointFiles, plan: ConversionPlan) -> str:
