@@ -1,7 +1,9 @@
 """FP8 linear kernels for the drafter: CUDA fast paths and pure-torch fallbacks.
 
 Importing this package never imports Triton or vLLM; Triton kernels load on
-first use with a CUDA tensor. Entry point: :func:`fp8_linear`.
+first use with a CUDA tensor. Entry points: :func:`fp8_linear`, and the same as
+the opaque custom op :func:`fp8_linear_op` (``torch.ops.mtpconv.fp8_linear``)
+for code that ``torch.compile`` traces.
 """
 
 from mtpconv.kernels.linear import (
@@ -14,6 +16,7 @@ from mtpconv.kernels.linear import (
     select_path,
     triton_available,
 )
+from mtpconv.kernels.op import fp8_linear_op
 
 __all__ = [
     "FUSED_PER_ROW_MAX_TOKENS",
@@ -21,6 +24,7 @@ __all__ = [
     "Fp8Path",
     "available_paths",
     "fp8_linear",
+    "fp8_linear_op",
     "run_path",
     "select_path",
     "triton_available",

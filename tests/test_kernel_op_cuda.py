@@ -1,0 +1,45 @@
+"""The fp8_linear custom op under torch.compile + CUDA graphs, as vLLM runs a drafter.
+
+Skipped where no CUDA device is present (CI); run on the GPU machine with
+``python -m pytest -q tests/test_kernel_op_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtpconv.formats.fp8 import quantize_fp8
+from mtpconv.kernels import fp8_linear, fp8_linear_op
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_compiled_fullgraph_dynamic_and_graph_replay(per_row: bool) -> None:
+    g = torch.Generator().manual_seed(0)
+    q = quantize_fp8(torch.randn(4096, 2048, generator=g) * 0.02)
+    w = q.weight.cuda()
+    s = (torch.rand(4096, generator=g) * 1e-4 + 1e-4).cuda() if per_row else q.scale.cuda()
+    b = torch.randn(4096, generator=g).cuda().to(torch.bfloat16)
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: fp8_linear_op(x, w, s, b), fullgraph=True, dynamic=True)
+    for tokens in (1, 4, 16, 33):
+        x = torch.randn(tokens, 2048, device="cuda").to(torch.bfloat16)
+        assert torch.equal(f(x), fp8_linear(x, w, s, b))
+    # capture and replay in a CUDA graph, as vLLM does for decode batch sizes
+    x = torch.randn(8, 2048, device="cuda").to(torch.bfloat16)
+    expected = fp8_linear(x, w, s, b)
+    f(x)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        f(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = f(x)
+    x.copy_(x * 1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
