@@ -10,6 +10,14 @@ it predicts ``t + 1`` as well and is accepted ~100% of the time. With
 drafter): it then reads the target's hidden state and proposes the token just
 sampled, which is always rejected.
 
+``--drafter-noise S`` (planted only) makes it a LOW-MARGIN drafter: seeded
+Gaussian noise of std ``S`` is added to the embedding half of ``mtp.fc``, so the
+drafter's logit for ``t + 1`` competes with the best of many noisy runners-up
+and loses for some tokens (top-2 margins of a few logits; S = 0.25 gives a BF16
+acceptance of roughly 70-80%). The noise has its own generator (from
+``--seed``): the target's tensors, hence its greedy output, are unchanged, and
+S = 0 (the default) writes the same bytes as before.
+
 ``--kind random``: the same construction over a random permutation (next token
 ``perm[t]``), with a random drafter: greedy output is stable in bf16 while the
 drafter's proposals are mostly rejected, exercising vLLM's correction path.
@@ -21,7 +29,8 @@ the drafter under ``mtp.*``, a byte-level ``tokenizer.json`` built with the
 Qwen3.5-MoE model (routed experts, shared expert) instead of the dense one,
 ``--next`` the same MoE block in the Qwen3-Next layout (served by ``Qwen3NextMTP``).
 
-Usage: ``python scripts/build_planted_model.py DST [--kind planted|random] [--moe|--next] [--swap-fc]``
+Usage: ``python scripts/build_planted_model.py DST [--kind planted|random] [--moe|--next] [--swap-fc]
+[--drafter-noise S] [--seed N]``
 """
 
 from __future__ import annotations
@@ -124,11 +133,21 @@ def _layer(p: str, s: TinySpec, g: torch.Generator) -> dict[str, torch.Tensor]:
     return t
 
 
+# Offset of the drafter-noise generator's seed: independent of the main stream.
+NOISE_SEED_OFFSET = 1_000_003
+
+
 def build_tensors(s: TinySpec, *, kind: str = "planted", swap_fc: bool = False,
-                  seed: int = 0) -> dict[str, torch.Tensor]:  # fmt: skip
-    """All tensors of the checkpoint (bf16), target and drafter."""
+                  seed: int = 0, drafter_noise: float = 0.0) -> dict[str, torch.Tensor]:  # fmt: skip
+    """All tensors of the checkpoint (bf16), target and drafter.
+
+    ``drafter_noise`` > 0 adds seeded N(0, drafter_noise^2) to the embedding half
+    (input columns ``0..hidden-1``) of ``mtp.fc`` of the planted drafter (low margin).
+    """
     if kind not in ("planted", "random"):
         raise ValueError(f"kind must be planted or random, not {kind!r}")
+    if drafter_noise < 0 or (drafter_noise and kind != "planted"):
+        raise ValueError(f"drafter_noise must be >= 0 and only with kind planted, not {drafter_noise!r}")
     g = torch.Generator().manual_seed(seed)
     h, v = s.hidden, s.vocab
     embed = torch.randn(v, h, generator=g)
@@ -143,6 +162,9 @@ def build_tensors(s: TinySpec, *, kind: str = "planted", swap_fc: bool = False,
     if kind == "planted":
         halves = [torch.eye(h), torch.zeros(h, h)]
         fc = torch.cat(halves[::-1] if swap_fc else halves, dim=1)
+        if drafter_noise:
+            gn = torch.Generator().manual_seed(seed + NOISE_SEED_OFFSET)
+            fc[:, :h] += torch.randn(h, h, generator=gn) * drafter_noise
     else:
         fc = _small(g, h, 2 * h, std=0.1)
     t |= {"mtp.fc.weight": fc, "mtp.pre_fc_norm_embedding.weight": torch.zeros(h),
@@ -180,12 +202,12 @@ def write_tokenizer(directory: Path, vocab_size: int) -> None:
 
 
 def build_model(dst: str | Path, *, kind: str = "planted", moe: bool = False, next: bool = False,
-                swap_fc: bool = False, seed: int = 0) -> Path:  # fmt: skip
+                swap_fc: bool = False, seed: int = 0, drafter_noise: float = 0.0) -> Path:  # fmt: skip
     """Write the tiny checkpoint directory ``dst`` and return it."""
     out = Path(dst)
     out.mkdir(parents=True, exist_ok=True)
     spec = TinySpec(moe=moe or next, next=next)
-    save_file(build_tensors(spec, kind=kind, swap_fc=swap_fc, seed=seed),
+    save_file(build_tensors(spec, kind=kind, swap_fc=swap_fc, seed=seed, drafter_noise=drafter_noise),
               str(out / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
     (out / "config.json").write_text(json.dumps(_config(spec), indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": spec.vocab - 1}) + "\n")
@@ -201,8 +223,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--next", action="store_true", help="Qwen3-Next layout (MoE, Qwen3NextMTP)")
     ap.add_argument("--swap-fc", action="store_true", help="mis-converted drafter (fc halves swapped)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--drafter-noise", type=float, default=0.0, metavar="S",
+                    help="low-margin drafter: std of seeded noise on mtp.fc's embedding half (planted)")
     a = ap.parse_args(argv)
-    print(build_model(a.dst, kind=a.kind, moe=a.moe, next=a.next, swap_fc=a.swap_fc, seed=a.seed))
+    print(build_model(a.dst, kind=a.kind, moe=a.moe, next=a.next, swap_fc=a.swap_fc, seed=a.seed,
+                      drafter_noise=a.drafter_noise))
 
 
 if __name__ == "__main__":

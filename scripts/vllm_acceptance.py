@@ -11,6 +11,16 @@ non-speculative run. Uses the test harness of tests/vllm (and its test-only
 torchvision stub), so run it from the repository root in the test environment:
 
     python scripts/vllm_acceptance.py [--moe] [--workdir DIR]
+
+Low-margin mode: ``--drafter-noise S`` builds the planted drafter with seeded noise
+on ``mtp.fc`` (see build_planted_model.py), so the BF16 drafter is accepted well
+below 100% and FP8 rounding can change its proposals. ``--seeds 0 1 2`` repeats
+everything on independently built models (one table each, then the sums);
+``--prompts N --max-tokens M`` replaces the harness's 5 prompts x 24 tokens with
+N prompts whose greedy continuations tile ids 1..383 (all inside the 384-id
+draft head), e.g.:
+
+    python scripts/vllm_acceptance.py --drafter-noise 0.25 --prompts 8 --max-tokens 48 --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -37,19 +47,94 @@ def _environment() -> None:
     _mtpconv_vllm_test_stub.apply()
 
 
+HEAD_IDS = 384  # the draft head keeps ids 0..383
+
+
+def tiled_prompts(n: int, max_tokens: int) -> list[list[int]]:
+    """``n`` prompts whose planted continuations (+ drafts) stay inside ids 1..383."""
+    room = HEAD_IDS - max_tokens - 4  # last prompt id + max_tokens + 2 drafts < HEAD_IDS
+    if room < 1:
+        raise SystemExit(f"--max-tokens {max_tokens} leaves no room inside the {HEAD_IDS}-id head")
+    stride = room // max(1, n - 1) if n > 1 else 0
+    return [[max(0, 1 + i * stride - 1), 1 + i * stride] for i in range(n)]
+
+
+def _run_prompts(model: Path, prompts: list[list[int]], max_tokens: int, *, spec: bool = True,
+                 env: dict[str, str] | None = None) -> tuple[list[list[int]], int, int]:  # fmt: skip
+    """Like the harness's ``run`` but with our own prompts: (outputs, accepted, drafted)."""
+    from tests.vllm._harness import _counter, generate, serve
+
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        with serve(model, spec=spec) as llm:
+            outputs = generate(llm, prompts, max_tokens)
+            if not spec:
+                return outputs, 0, 0
+            metrics = llm.get_metrics()
+            return (outputs, _counter(metrics, "vllm:spec_decode_num_accepted_tokens"),
+                    _counter(metrics, "vllm:spec_decode_num_draft_tokens"))  # fmt: skip
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--moe", action="store_true", help="the Qwen3.5-MoE layout instead of dense")
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--drafter-noise", type=float, default=0.0, metavar="S",
+                    help="low-margin planted drafter (build_planted_model.py --drafter-noise)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="model seeds (default 0)")
+    ap.add_argument("--prompts", type=int, default=None, metavar="N",
+                    help="N tiled prompts instead of the harness's 5 (needs --max-tokens)")
+    ap.add_argument("--max-tokens", type=int, default=None, metavar="M")
     a = ap.parse_args(argv)
+    if (a.prompts is None) != (a.max_tokens is None):
+        ap.error("--prompts and --max-tokens go together")
     _environment()
+    work = a.workdir or Path(tempfile.mkdtemp(prefix="mtpconv-acceptance-"))
+    prompts = tiled_prompts(a.prompts, a.max_tokens) if a.prompts is not None else None
+    if prompts is not None:
+        print(f"prompts ({len(prompts)} x {a.max_tokens} tokens): {prompts}")
+    totals: dict[str, list[int]] = {}
+    for seed in a.seeds:
+        sub = work / f"seed{seed}" if len(a.seeds) > 1 or seed != 0 else work
+        rows = _one_seed(sub, seed, a, prompts)
+        print(f"\nseed {seed}, drafter noise {a.drafter_noise}")
+        _table(rows)
+        for label, acc, drafted, _rate, same in rows:
+            t = totals.setdefault(label, [0, 0, 0])
+            t[0] += acc
+            t[1] += drafted
+            t[2] += int(same)
+    if len(a.seeds) > 1:
+        print(f"\nall seeds {a.seeds} (last column: seeds whose output == no-spec)")
+        _table([(label, acc, d, acc / d if d else 0.0, f"{ok}/{len(a.seeds)}")
+                for label, (acc, d, ok) in totals.items()])  # fmt: skip
+
+
+def _table(rows: list[tuple[str, int, int, float, object]]) -> None:
+    print(f"{'drafter':50} {'accepted/drafted':>17} {'rate':>7}  output == no-spec")
+    for label, acc, drafted, rate, same in rows:
+        print(f"{label:50} {f'{acc}/{drafted}':>17} {rate:7.1%}  {same}")
+
+
+def _one_seed(work: Path, seed: int, a: argparse.Namespace,
+              prompts: list[list[int]] | None) -> list[tuple[str, int, int, float, bool]]:  # fmt: skip
+    """Build, convert and serve every variant of one planted model; one row each."""
     from tests.vllm._harness import planted_builder, quantize_mtp, run, write_ids
 
-    work = a.workdir or Path(tempfile.mkdtemp(prefix="mtpconv-acceptance-"))
     build = planted_builder().build_model
-    src = build(work / "planted", moe=a.moe)
-    swapped = build(work / "swapped", moe=a.moe, swap_fc=True)
-    ids = write_ids(work / "ids.pt", list(range(384)))
+    kw: dict[str, float] = {"drafter_noise": a.drafter_noise} if a.drafter_noise else {}
+    if seed:
+        kw["seed"] = seed
+    src = build(work / "planted", moe=a.moe, **kw)
+    swapped = build(work / "swapped", moe=a.moe, swap_fc=True, **kw)
+    ids = write_ids(work / "ids.pt", list(range(HEAD_IDS)))
     variants = {
         "BF16 drafter (source, no manifest)": (src, {}),
         "FP8 drafter": (quantize_mtp(src, work / "fp8"), {}),
@@ -62,14 +147,21 @@ def main(argv: list[str] | None = None) -> None:
                                                           {"MTPCONV_DRAFT_VOCAB": "0"}),  # fmt: skip
         "mis-converted (fc halves swapped), FP8": (quantize_mtp(swapped, work / "swapped_fp8"), {}),
     }
-    baseline = run(src, spec=False).outputs
     rows = []
+    if prompts is None:
+        baseline = run(src, spec=False).outputs
+        for label, (path, env) in variants.items():
+            r = run(path, env=env)
+            rows.append((label, r.accepted, r.drafted, r.acceptance, r.outputs == baseline))
+        return rows
+    baseline, _, _ = _run_prompts(src, prompts, a.max_tokens, spec=False)
+    planted = [[(p[-1] + i) % 512 for i in range(1, a.max_tokens + 1)] for p in prompts]
+    if baseline != planted:
+        print(f"WARNING seed {seed}: non-speculative output is not the planted t+1 chain")
     for label, (path, env) in variants.items():
-        r = run(path, env=env)
-        rows.append((label, r.accepted, r.drafted, r.acceptance, r.outputs == baseline))
-    print(f"\n{'drafter':50} {'accepted/drafted':>17} {'rate':>7}  output == no-spec")
-    for label, acc, drafted, rate, same in rows:
-        print(f"{label:50} {f'{acc}/{drafted}':>17} {rate:7.1%}  {same}")
+        out, acc, drafted = _run_prompts(path, prompts, a.max_tokens, env=env)
+        rows.append((label, acc, drafted, acc / drafted if drafted else 0.0, out == baseline))
+    return rows
 
 
 if __name__ == "__main__":
