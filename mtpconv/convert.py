@@ -23,7 +23,13 @@ import torch
 
 from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles, load_checkpoint_files
 from mtpconv.checkpoint.safetensors_io import read_tensor
-from mtpconv.checkpoint.source import Source, load_files, resolve_source
+from mtpconv.checkpoint.source import (
+    Source,
+    load_files,
+    looks_like_repo_id,
+    remote_checkpoint,
+    resolve_source,
+)
 from mtpconv.checkpoint.writer import (
     ShardWriter,
     atomic_output_dir,
@@ -265,13 +271,17 @@ def _drafter_modules(layout: MtpLayout, plan: ConversionPlan) -> list[str]:
     return sorted(mods)
 
 
-def _load(source_spec: str, revision: str | None) -> tuple[Source, CheckpointFiles, QuantConfigs,
-                                                            MtpLayout]:  # fmt: skip
-    source = resolve_source(source_spec, revision)
+def _load(source_spec: str, revision: str | None, *, headers_only: bool = False,
+          ) -> tuple[Source, CheckpointFiles, QuantConfigs, MtpLayout]:  # fmt: skip
+    """Resolve and validate the source; a Hub repo id with ``headers_only`` downloads no weights."""
+    if headers_only and looks_like_repo_id(source_spec):
+        source, files = remote_checkpoint(source_spec, revision)
+    else:
+        source = resolve_source(source_spec, revision)
+        files = load_files(source)
     if read_manifest(source.directory) is not None:
         raise ConversionError(f"{source_spec} is already an -mtpfp8 variant (it has mtpconv.json); "
                               "convert the original checkpoint instead.")  # fmt: skip
-    files = load_files(source)
     configs = load_quant_configs(source.directory)
     layout = detect_layout(configs.config, files.tensors)
     return source, files, configs, layout
@@ -293,7 +303,7 @@ def quantize_mtp(
     """Write the ``-mtpfp8`` variant of ``source_spec`` to ``dst`` (DESIGN §5)."""
     started = time.monotonic()
     dev = pick_device(device)
-    source, files, configs, layout = _load(source_spec, revision)
+    source, files, configs, layout = _load(source_spec, revision, headers_only=dry_run)
     ids = None
     vocab_meta: dict[str, Any] = {}
     if draft_vocab is not None:

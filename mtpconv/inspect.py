@@ -185,7 +185,7 @@ def inspect_checkpoint(
     findings = _layout_findings(layout)
     findings += audit_quant_configs(configs, linear_modules(files.tensors), drafter_modules,
                                     all_modules={module_of(n) for n in files.tensors})  # fmt: skip
-    manifest = read_manifest(source.directory) if source.repo_id is None else None
+    manifest = read_manifest(source.directory)
     if manifest is not None:
         findings = _variant_findings(findings, manifest)
     cost = draft_cost(layout, files.tensors, draft_vocab_size) if layout.has_drafter else None

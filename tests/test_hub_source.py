@@ -96,6 +96,15 @@ def test_remote_inspect_reads_headers(cached_repo: Path, monkeypatch: pytest.Mon
     assert report.family == "qwen3_5_moe" and report.shards == 3
     assert [f.module for f in report.findings if f.code == "plain-declared-quantized"] == ["mtp.fc"]
 
+    # quantize-mtp --dry-run of a repo id plans from the same headers: no weights downloaded
+    def no_snapshot(*_: object, **__: object) -> str:
+        raise AssertionError("dry run downloaded the snapshot")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_snapshot)
+    plan = quantize_mtp(REPO, "/nonexistent/out", dry_run=True, device="cpu").plan
+    assert [s.file for s in plan.rewritten] == ["model-00003-of-00003.safetensors"]
+    assert "mtp.fc" in [lin.module for lin in plan.linears]
+
 
 def _local_dir_download(src: Path, etag_of: dict[str, str], stamp: float) -> None:
     """What `hf download --local-dir` leaves: per-file metadata with the LFS sha256."""

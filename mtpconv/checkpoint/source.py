@@ -20,7 +20,7 @@ from mtpconv.errors import SourceError
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # Small files a conversion needs besides the weights (and which inspect reads).
-CONFIG_FILES = ("config.json", "hf_quant_config.json", "generation_config.json")
+CONFIG_FILES = ("config.json", "hf_quant_config.json", "generation_config.json", "mtpconv.json")
 
 
 @dataclass(frozen=True)
