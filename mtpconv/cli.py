@@ -194,7 +194,7 @@ def fix_exclusions_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Exclude every module stored unquantized but declared quantized (the mtp.fc gap)."""
-    from mtpconv.convert import fix_exclusions
+    from mtpconv.fix_exclusions import fix_exclusions
     from mtpconv.render import render_fix
 
     report = fix_exclusions(source, destination, revision=revision, in_place=in_place,

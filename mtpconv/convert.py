@@ -1,4 +1,4 @@
-"""``quantize-mtp`` and ``fix-exclusions``: orchestration over the plan.
+"""``quantize-mtp``: orchestration over the plan.
 
 source -> headers -> layout -> plan (validated) -> shard jobs -> writer ->
 configs -> manifest -> verification of what was written. The source is only
@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -39,7 +38,7 @@ from mtpconv.checkpoint.writer import (
 from mtpconv.errors import ConversionError, Interrupted, OutputError
 from mtpconv.formats.fp8 import Fp8Tensor, NonFiniteWeightError, QuantError, quantize_fp8_checked
 from mtpconv.formats.nvfp4 import dequantize_nvfp4
-from mtpconv.layouts import Linear, MtpLayout, detect_layout, linear_modules, module_of
+from mtpconv.layouts import Linear, MtpLayout, detect_layout, module_of
 from mtpconv.manifest import (
     DRAFT_VOCAB_IDS_NAME,
     DrafterSection,
@@ -53,7 +52,6 @@ from mtpconv.plan import ConversionPlan, OutTensor, ShardPlan, build_plan, check
 from mtpconv.quant_config import (
     QuantConfigs,
     dumps_config,
-    fixed_exclusion_configs,
     load_quant_configs,
     variant_configs,
 )
@@ -115,7 +113,7 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM unwinds like Ctrl-C, so the temporary output is removed."""
     try:
         previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -329,7 +327,7 @@ def quantize_mtp(
     if dst_path.exists() and not force:
         raise OutputError(f"{dst_path} already exists; pass --force to replace it.")
     try:
-        with _sigterm_as_interrupt(), atomic_output_dir(dst_path, force=force) as tmp:
+        with sigterm_as_interrupt(), atomic_output_dir(dst_path, force=force) as tmp:
             _write_variant(tmp, source, files, configs, plan, new_hf_quant, new_config, ids,
                            draft_vocab, vocab_meta, dev, copy, report, progress)  # fmt: skip
     except KeyboardInterrupt:
@@ -487,113 +485,3 @@ def verify_output(directory: Path, plan: ConversionPlan) -> None:
     if problems:
         raise OutputError(f"the written variant failed verification ({'; '.join(problems)}); "
                           "nothing was left at the destination.")  # fmt: skip
-
-
-@dataclass
-class FixReport:
-    source: str
-    destination: str
-    excluded: list[str]
-    in_place: bool
-    dry_run: bool = False
-    backups: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "destination": self.destination,
-                "newly_excluded": self.excluded, "in_place": self.in_place,
-                "dry_run": self.dry_run, "backups": self.backups}  # fmt: skip
-
-
-def fix_exclusions(
-    source_spec: str,
-    dst: str | os.PathLike[str] | None,
-    *,
-    revision: str | None = None,
-    in_place: bool = False,
-    force: bool = False,
-    copy: bool = False,
-    dry_run: bool = False,
-) -> FixReport:
-    """Exclude every module stored unquantized but declared quantized; nothing else."""
-    source = resolve_source(source_spec, revision)
-    files = load_files(source)
-    configs = load_quant_configs(source.directory)
-    stored = linear_modules(files.tensors)
-    new_hf_quant, new_config = fixed_exclusion_configs(configs, stored)
-    excluded = _newly_excluded(configs, new_hf_quant, new_config)
-    if in_place and dst is not None:
-        raise OutputError("give either DST or --in-place, not both.")
-    if not in_place and dst is None:
-        raise OutputError("give a destination directory, or --in-place to edit SRC's JSON files "
-                          "(a .bak copy of each is kept).")  # fmt: skip
-    target = source.directory if in_place else Path(dst).expanduser()  # type: ignore[arg-type]
-    report = FixReport(source_spec, str(target), excluded, in_place, dry_run)
-    if dry_run:
-        return report
-    if in_place:
-        if source.repo_id:
-            raise OutputError("--in-place edits a local directory; a Hub snapshot is read-only. "
-                              "Give a destination instead.")  # fmt: skip
-        if not excluded:
-            return report
-        report.backups = _rewrite_in_place(source.directory, new_hf_quant, new_config)
-        return report
-    check_destination(source.directory, target)
-    try:
-        with _sigterm_as_interrupt(), atomic_output_dir(target, force=force) as tmp:
-            for rel in list(files.shards) + _non_weight_files(source.directory, files):
-                out = tmp / rel
-                out.parent.mkdir(parents=True, exist_ok=True)
-                link_or_copy(source.directory / rel, out, copy=copy)
-            write_json(tmp / "config.json", dumps_config(new_config))
-            if new_hf_quant is not None:
-                write_json(tmp / "hf_quant_config.json", dumps_config(new_hf_quant))
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; nothing was written to {target}.") from None
-    return report
-
-
-def _non_weight_files(directory: Path, files: CheckpointFiles) -> list[str]:
-    from mtpconv.plan import _other_files
-
-    extra = [INDEX_NAME] if files.index_file else []
-    return extra + _other_files(directory, files)
-
-
-def _rewrite_in_place(directory: Path, hf_quant: dict[str, Any] | None,
-                      config: dict[str, Any]) -> list[str]:  # fmt: skip
-    """Replace SRC's two JSON files, keeping the first ``.bak`` of each (the original).
-
-    Both new files are written and fsynced before either replaces its original,
-    so the window in which the two disagree is two renames long.
-    """
-    staged = []
-    for name, doc in (("config.json", config), ("hf_quant_config.json", hf_quant)):
-        if doc is None:
-            continue
-        tmp = directory / f".{name}.mtpconv-tmp"
-        tmp.unlink(missing_ok=True)  # left by a killed run; write_json never overwrites
-        write_json(tmp, dumps_config(doc))
-        staged.append((name, tmp))
-    backups = []
-    for name, _ in staged:
-        backup = directory / f"{name}.bak"
-        if not backup.exists():
-            shutil.copy2(directory / name, backup)
-        backups.append(str(backup))
-    for name, tmp in staged:
-        os.replace(tmp, directory / name)
-    return backups
-
-
-def _newly_excluded(configs: QuantConfigs, hf_quant: dict[str, Any] | None,
-                    config: dict[str, Any]) -> list[str]:  # fmt: skip
-    def excl(hq: dict[str, Any] | None, cfg: dict[str, Any]) -> list[str]:
-        if hq is not None:
-            q = hq.get("quantization", {})
-            return list(q.get("exclude_modules", []) or [])
-        qc = cfg.get("quantization_config", {})
-        return list(qc.get("ignore", []) or []) if isinstance(qc, dict) else []
-
-    before = excl(configs.hf_quant, configs.config)
-    return [p for p in excl(hf_quant, config) if p not in before]

@@ -109,7 +109,7 @@ def draft_head_name(layout: MtpLayout) -> str:
     return f"{layout.drafter_prefixes[0]}{DRAFT_HEAD_NAME.split('.', 1)[1]}.weight"
 
 
-def _other_files(source_dir: Path, files: CheckpointFiles) -> list[str]:
+def other_files(source_dir: Path, files: CheckpointFiles) -> list[str]:
     shards = set(files.shards)
     out = []
     for root, dirs, names in os.walk(source_dir):
@@ -201,7 +201,7 @@ def build_plan(
     )  # fmt: skip
     return ConversionPlan(
         source_dir=files.directory, layout=layout, shards=shards, linears=list(layout.linears),
-        dropped=dropped, other_files=_other_files(files.directory, files), bytes_before=before,
+        dropped=dropped, other_files=other_files(files.directory, files), bytes_before=before,
         bytes_after=after, draft_head=head_plan, sharded=files.index_file is not None,
     )  # fmt: skip
 

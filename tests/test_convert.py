@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtpconv.convert import fix_exclusions, quantize_mtp
+from mtpconv.convert import quantize_mtp
 from mtpconv.errors import ConversionError, OutputError
+from mtpconv.fix_exclusions import fix_exclusions
 from mtpconv.formats.nvfp4 import dequantize_nvfp4
 from mtpconv.layouts import module_of
 from mtpconv.manifest import read_manifest, verify_files
