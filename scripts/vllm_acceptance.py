@@ -59,29 +59,6 @@ def tiled_prompts(n: int, max_tokens: int) -> list[list[int]]:
     return [[max(0, 1 + i * stride - 1), 1 + i * stride] for i in range(n)]
 
 
-def _run_prompts(model: Path, prompts: list[list[int]], max_tokens: int, *, spec: bool = True,
-                 env: dict[str, str] | None = None) -> tuple[list[list[int]], int, int]:  # fmt: skip
-    """Like the harness's ``run`` but with our own prompts: (outputs, accepted, drafted)."""
-    from tests.vllm._harness import _counter, generate, serve
-
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    try:
-        with serve(model, spec=spec) as llm:
-            outputs = generate(llm, prompts, max_tokens)
-            if not spec:
-                return outputs, 0, 0
-            metrics = llm.get_metrics()
-            return (outputs, _counter(metrics, "vllm:spec_decode_num_accepted_tokens"),
-                    _counter(metrics, "vllm:spec_decode_num_draft_tokens"))  # fmt: skip
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--moe", action="store_true", help="the Qwen3.5-MoE layout instead of dense")
@@ -154,13 +131,13 @@ def _one_seed(work: Path, seed: int, a: argparse.Namespace,
             r = run(path, env=env)
             rows.append((label, r.accepted, r.drafted, r.acceptance, r.outputs == baseline))
         return rows
-    baseline, _, _ = _run_prompts(src, prompts, a.max_tokens, spec=False)
+    baseline = run(src, spec=False, prompts=prompts, max_tokens=a.max_tokens).outputs
     planted = [[(p[-1] + i) % 512 for i in range(1, a.max_tokens + 1)] for p in prompts]
     if baseline != planted:
         print(f"WARNING seed {seed}: non-speculative output is not the planted t+1 chain")
     for label, (path, env) in variants.items():
-        out, acc, drafted = _run_prompts(path, prompts, a.max_tokens, env=env)
-        rows.append((label, acc, drafted, acc / drafted if drafted else 0.0, out == baseline))
+        r = run(path, env=env, prompts=prompts, max_tokens=a.max_tokens)
+        rows.append((label, r.accepted, r.drafted, r.acceptance, r.outputs == baseline))
     return rows
 
 

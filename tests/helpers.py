@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from safetensors import safe_open
@@ -56,3 +57,29 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:  # type: ignore[no
         code = int(exc.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def populate_hub_cache(repo_id: str, src: Path, files: Collection[str] | None = None) -> Path:
+    """Lay ``src`` out as huggingface_hub's cache does: snapshot files link into blobs/.
+
+    Uses the cache huggingface_hub currently points at (tests point it at a temporary
+    ``HF_HOME``); returns the snapshot directory. ``files`` limits which files appear.
+    """
+    from huggingface_hub import constants
+
+    repo = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / HUB_COMMIT
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(HUB_COMMIT)
+    for path in sorted(src.iterdir()):
+        if files is not None and path.name not in files:
+            continue
+        blob = repo / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
+        blob.write_bytes(path.read_bytes())
+        (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
+    return snapshot

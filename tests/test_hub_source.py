@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -14,32 +13,15 @@ from mtpconv.convert import quantize_mtp
 from mtpconv.inspect import inspect_checkpoint
 from mtpconv.manifest import read_manifest
 from tests.factories import Spec, write_checkpoint
-from tests.helpers import raw_tensors, run_cli
+from tests.helpers import HUB_COMMIT, populate_hub_cache, raw_tensors, run_cli
 
 REPO = "acme/tiny-qwen3.5-moe"
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def _populate_cache(hf_home: Path, src: Path) -> Path:
-    """Lay ``src`` out as huggingface_hub's cache does: snapshot files link into blobs/."""
-    repo = hf_home / "hub" / f"models--{REPO.replace('/', '--')}"
-    snapshot = repo / "snapshots" / COMMIT
-    (repo / "blobs").mkdir(parents=True)
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(COMMIT)
-    for path in sorted(src.iterdir()):
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        blob = repo / "blobs" / digest
-        blob.write_bytes(path.read_bytes())
-        (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
-    return snapshot
 
 
 @pytest.fixture
 def cached_repo(tmp_path: Path) -> Path:
     src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5_moe", quant="nvfp4", vlm=True, shards=3))
-    return _populate_cache(Path(os.environ["HF_HOME"]), src)
+    return populate_hub_cache(REPO, src)
 
 
 def test_quantize_from_repo_id_offline(cached_repo: Path, tmp_path: Path) -> None:
@@ -111,7 +93,7 @@ def _local_dir_download(src: Path, etag_of: dict[str, str], stamp: float) -> Non
     meta = src / ".cache" / "huggingface" / "download"
     meta.mkdir(parents=True)
     for name, etag in etag_of.items():
-        (meta / f"{name}.metadata").write_text(f"{COMMIT}\n{etag}\n{stamp}\n")
+        (meta / f"{name}.metadata").write_text(f"{HUB_COMMIT}\n{etag}\n{stamp}\n")
 
 
 def test_local_dir_download_hashes_are_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -126,8 +126,9 @@ def generate(llm: Any, prompts: list[list[int]] = PROMPTS, max_tokens: int = MAX
 
 
 def run(model: Path, *, spec: bool = True, env: dict[str, str] | None = None,
-        probe: Any = None, spec_extra: dict[str, Any] | None = None) -> Run:  # fmt: skip
-    """Serve ``model``, generate :data:`PROMPTS` greedily, report and shut down.
+        probe: Any = None, spec_extra: dict[str, Any] | None = None,
+        prompts: list[list[int]] = PROMPTS, max_tokens: int = MAX_TOKENS) -> Run:  # fmt: skip
+    """Serve ``model``, generate ``prompts`` (default :data:`PROMPTS`) greedily, report and shut down.
 
     ``probe(worker)`` runs on vLLM's worker (same process) while the model is up;
     its result lands in ``Run.extra["probe"]``.
@@ -136,7 +137,7 @@ def run(model: Path, *, spec: bool = True, env: dict[str, str] | None = None,
     os.environ.update(env or {})
     try:
         with serve(model, spec=spec, spec_extra=spec_extra) as llm:
-            outputs = generate(llm)
+            outputs = generate(llm, prompts, max_tokens)
             result = Run(outputs=outputs)
             if spec:
                 metrics = llm.get_metrics()

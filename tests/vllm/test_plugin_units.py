@@ -15,6 +15,7 @@ from mtpconv.errors import ManifestError
 from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8
 from mtpconv.vllm_plugin import kernels
 from mtpconv.vllm_plugin.settings import drafter_settings, normalize_name
+from tests.helpers import populate_hub_cache
 
 
 def test_entry_point_is_declared() -> None:
@@ -140,36 +141,13 @@ def test_tampered_ids_file_is_refused(models: dict[str, Path], tmp_path: Path) -
         drafter_settings(str(copy), None, 512)
 
 
-def _populate_hub_cache(repo_id: str, src: Path, files: list[str] | None = None) -> Path:
-    """Lay ``src`` out as huggingface_hub's cache does (snapshot links into blobs/)."""
-    import hashlib
-    import os
-
-    from huggingface_hub import constants
-
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
-    snapshot = repo / "snapshots" / commit
-    (repo / "blobs").mkdir(parents=True)
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    for path in sorted(src.iterdir()):
-        if files is not None and path.name not in files:
-            continue
-        blob = repo / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
-        blob.write_bytes(path.read_bytes())
-        (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
-    return snapshot
-
-
 def test_hub_repo_id_resolves_through_the_cache(models: dict[str, Path]) -> None:
-    snapshot = _populate_hub_cache("acme/tiny-mtpfp8", models["planted_fp8_vocab"])
+    snapshot = populate_hub_cache("acme/tiny-mtpfp8", models["planted_fp8_vocab"])
     s = drafter_settings("acme/tiny-mtpfp8", None, 512)
     assert s is not None and s.model_dir == snapshot
     assert s.head is not None and s.head.ids.numel() == 384
     # vLLM fetched only configs and weights: no manifest in the cache means stock behaviour.
-    _populate_hub_cache("acme/tiny-bf16", models["planted_fp8_vocab"],
+    populate_hub_cache("acme/tiny-bf16", models["planted_fp8_vocab"],
                         ["config.json", "model.safetensors"])  # fmt: skip
     assert drafter_settings("acme/tiny-bf16", None, 512) is None
     assert drafter_settings("acme/not-cached", None, 512) is None
