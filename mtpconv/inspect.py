@@ -18,7 +18,6 @@ from mtpconv.findings import Finding, Severity
 from mtpconv.layouts import MtpLayout, classify_weight, detect_layout, linear_modules, module_of
 from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, Manifest, read_manifest
 from mtpconv.quant_config import (
-    CODE_QUANTIZED_DECLARED_PLAIN,
     QuantConfigs,
     audit_quant_configs,
     declared_format,
@@ -136,18 +135,15 @@ def _layout_findings(layout: MtpLayout) -> list[Finding]:
     return out
 
 
-def _variant_findings(findings: list[Finding], manifest: Manifest) -> list[Finding]:
-    """In a variant, FP8 drafter linears excluded from the target's config are by design."""
-    ours = set(manifest.drafter.fp8_linears)
-    if manifest.draft_vocab is not None:
-        ours.add(module_of(manifest.draft_vocab.head_tensor))
-    kept = [f for f in findings if not (f.code == CODE_QUANTIZED_DECLARED_PLAIN and f.module in ours)]
-    if len(kept) < len(findings):
-        kept.append(Finding(Severity.INFO, "mtpconv-fp8-drafter", "mtp",
-                            f"{len(findings) - len(kept)} drafter tensors are FP8 as recorded in "
-                            "mtpconv.json and excluded from the target's quant config: serve "
-                            "with the mtpconv vLLM plugin (stock vLLM refuses them)."))  # fmt: skip
-    return kept
+def _variant_finding(manifest: Manifest) -> Finding:
+    """In a variant, FP8 drafter tensors excluded from the target's config are by design."""
+    fp8 = len(manifest.drafter.fp8_linears)
+    if manifest.draft_vocab is not None and manifest.draft_vocab.head_dtype == "fp8":
+        fp8 += 1
+    return Finding(Severity.INFO, "mtpconv-fp8-drafter", "mtp",
+                   f"{fp8} drafter tensors are FP8 as recorded in mtpconv.json and excluded from "
+                   "the target's quant config: serve with the mtpconv vLLM plugin (stock vLLM "
+                   "refuses them).")  # fmt: skip
 
 
 def _variant_info(manifest: Manifest | None) -> dict[str, Any] | None:
@@ -183,11 +179,12 @@ def inspect_checkpoint(
     decl = declared_quant(configs)
     drafter_modules = {module_of(n) for n in layout.drafter_tensors}
     findings = _layout_findings(layout)
-    findings += audit_quant_configs(configs, linear_modules(files.tensors), drafter_modules,
-                                    all_modules={module_of(n) for n in files.tensors})  # fmt: skip
     manifest = read_manifest(source.directory)
+    findings += audit_quant_configs(configs, linear_modules(files.tensors), drafter_modules,
+                                    all_modules={module_of(n) for n in files.tensors},
+                                    plugin_drafter=manifest is not None)  # fmt: skip
     if manifest is not None:
-        findings = _variant_findings(findings, manifest)
+        findings.append(_variant_finding(manifest))
     cost = draft_cost(layout, files.tensors, draft_vocab_size) if layout.has_drafter else None
     return InspectReport(
         source=spec,
