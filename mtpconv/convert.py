@@ -8,6 +8,7 @@ ever opened for reading; the output appears atomically.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -324,8 +325,6 @@ def quantize_mtp(
                               draft_vocab_size=None if ids is None else int(ids.numel()))  # fmt: skip
     if dry_run:
         return report
-    if dst_path.exists() and not force:
-        raise OutputError(f"{dst_path} already exists; pass --force to replace it.")
     try:
         with sigterm_as_interrupt(), atomic_output_dir(dst_path, force=force) as tmp:
             _write_variant(tmp, source, files, configs, plan, new_hf_quant, new_config, ids,
@@ -337,8 +336,6 @@ def quantize_mtp(
 
 
 def _read_sidecar(path: Path) -> dict[str, Any]:
-    import json
-
     if not path.is_file():
         return {}
     try:
@@ -441,8 +438,6 @@ def _wait_for_hashes(hashes: dict[str, Future[str]], root: Path, progress: Any) 
 
 
 def _index_text(files: CheckpointFiles, plan: ConversionPlan) -> str:
-    import json
-
     weight_map: dict[str, str] = {}
     total = 0
     for shard in plan.shards:

@@ -9,6 +9,7 @@ head; an embedding lookup reads one row and is ignored.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -76,11 +77,7 @@ def draft_cost(
             share /= layers  # each draft step runs one of the MTP layers
         stack_now += info.nbytes * share
         if name in linear_weights:
-            lin = linear_weights[name]
-            n = 1
-            for d in lin.shape:
-                n *= d
-            stack_fp8 += (n + _FP8_SCALE_BYTES) * share
+            stack_fp8 += (math.prod(linear_weights[name].shape) + _FP8_SCALE_BYTES) * share
         elif name not in aux:
             stack_fp8 += info.nbytes * share
     head_name = next(

@@ -22,9 +22,10 @@ QWEN35_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
 DEEPSEEK_TYPES = {"deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "kimi_k2"}
 MIMO_TYPES = {"mimo"}
 
-# Last name component of modules that are never quantized even when 2-D.
-_NOT_LINEAR = {"embed_tokens", "gate", "shared_expert_gate", "head", "lm_head",
-               "draft_lm_head", "e_score_correction_bias"}  # fmt: skip
+# Last name component of 2-D modules vLLM never quantizes (lookups, routers), and of
+# those we keep out of the drafter's FP8 linears too (heads: the draft head is separate).
+_NEVER_QUANTIZED = frozenset({"embed_tokens", "gate", "shared_expert_gate", "e_score_correction_bias"})
+_NOT_LINEAR = _NEVER_QUANTIZED | {"head", "lm_head", "draft_lm_head"}
 _LINEAR_NAME = re.compile(r"(_proj|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_proj)$")
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
 
@@ -144,7 +145,7 @@ def linear_modules(tensors: Mapping[str, TensorInfo]) -> dict[str, str]:
         if not is_weight or len(info.shape) < 2:
             continue
         last = module_of(name).rsplit(".", 1)[-1]
-        if last in {"embed_tokens", "gate", "shared_expert_gate", "e_score_correction_bias"}:
+        if last in _NEVER_QUANTIZED:
             continue
         stored, _ = classify_weight(name, tensors)
         out[module_of(name)] = stored
