@@ -226,18 +226,10 @@ def resolve_tokenizer_source(spec: str, revision: str | None = None) -> tuple[Pa
     cache, so ``HF_HOME`` / ``HF_TOKEN`` / ``HF_HUB_OFFLINE`` apply), never weights.
     Returns the directory and a ``{"repo_id", "revision", "path"}`` description.
     """
-    from mtpconv.checkpoint.source import _hub_errors, looks_like_repo_id, resolve_source
+    from mtpconv.checkpoint.source import resolve_source
 
-    if not looks_like_repo_id(spec):
-        source = resolve_source(spec, revision)
-        return source.directory, source.describe()
-    from huggingface_hub import snapshot_download
-
-    with _hub_errors(spec, revision):
-        snapshot = snapshot_download(
-            repo_id=spec, revision=revision, allow_patterns=list(TOKENIZER_SOURCE_FILES)
-        )
-    return Path(snapshot), {"repo_id": spec, "revision": revision, "path": None}
+    source = resolve_source(spec, revision, allow_patterns=TOKENIZER_SOURCE_FILES)
+    return source.directory, source.describe()
 
 
 # ---------------------------------------------------------------------------

@@ -9,7 +9,7 @@ never tensor data.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,8 +70,13 @@ def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
         raise SourceError(f"cannot fetch {what}: {exc}") from None
 
 
-def resolve_source(spec: str, revision: str | None = None) -> Source:
-    """A local directory, or the complete snapshot of a Hub repo in the HF cache."""
+def resolve_source(
+    spec: str, revision: str | None = None, *, allow_patterns: Collection[str] | None = None
+) -> Source:
+    """A local directory, or the snapshot of a Hub repo in the HF cache.
+
+    ``allow_patterns`` limits what a repo id downloads (default: everything).
+    """
     path = Path(spec).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -84,7 +89,9 @@ def resolve_source(spec: str, revision: str | None = None) -> Source:
     from huggingface_hub import snapshot_download
 
     with _hub_errors(spec, revision):
-        snapshot = Path(snapshot_download(repo_id=spec, revision=revision))
+        snapshot = Path(snapshot_download(
+            repo_id=spec, revision=revision,
+            allow_patterns=None if allow_patterns is None else list(allow_patterns)))  # fmt: skip
     # Snapshot files are links into the repo's blob store two levels up.
     return Source(spec=spec, directory=snapshot, repo_id=spec, revision=revision,
                   link_root=snapshot.parent.parent)  # fmt: skip
