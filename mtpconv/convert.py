@@ -7,13 +7,9 @@ ever opened for reading; the output appears atomically.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import re
-import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +17,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from mtpconv.checkpoint.digests import file_digest, sha256_file
 from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles, load_checkpoint_files
 from mtpconv.checkpoint.safetensors_io import read_tensor
 from mtpconv.checkpoint.source import (
@@ -36,9 +33,10 @@ from mtpconv.checkpoint.writer import (
     link_or_copy,
     write_json,
 )
-from mtpconv.errors import ConversionError, Interrupted, OutputError
+from mtpconv.errors import ConversionError, OutputError, interruptible
 from mtpconv.formats.fp8 import Fp8Tensor, NonFiniteWeightError, QuantError, quantize_fp8_checked
 from mtpconv.formats.nvfp4 import dequantize_nvfp4
+from mtpconv.jsonio import dumps_json, read_json
 from mtpconv.layouts import Linear, MtpLayout, detect_layout, module_of
 from mtpconv.manifest import (
     DRAFT_VOCAB_IDS_NAME,
@@ -46,19 +44,16 @@ from mtpconv.manifest import (
     DraftVocabSection,
     Manifest,
     read_manifest,
-    sha256_file,
     write_manifest,
 )
 from mtpconv.plan import ConversionPlan, OutTensor, ShardPlan, build_plan, check_destination
 from mtpconv.quant_config import (
     QuantConfigs,
-    dumps_config,
     load_quant_configs,
     variant_configs,
 )
 
 Progress = Callable[[int], None]
-_LFS_BLOB = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass
@@ -111,20 +106,6 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The raw little-endian bytes of a CPU tensor, without a copy when contiguous."""
     flat = t.detach().to("cpu").contiguous().reshape(-1)
     return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so the temporary output is removed."""
-    try:
-        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class _SourceReader:
@@ -237,32 +218,6 @@ def _head_rows(reader: _SourceReader, files: CheckpointFiles, source: str,
     return reader.tensor(source)[ids]
 
 
-def _known_lfs_digest(path: Path, root: Path) -> str | None:
-    """The sha256 huggingface_hub already recorded for a downloaded LFS file, if trustworthy.
-
-    Cache snapshots link to blobs named by their sha256; ``hf download --local-dir``
-    keeps ``.cache/huggingface/download/<file>.metadata`` (commit, etag, timestamp),
-    whose etag is the sha256 while the file is not newer than the record. Read-only:
-    unlike huggingface_hub's own reader, this never deletes a malformed record.
-    """
-    real = Path(os.path.realpath(path))
-    if _LFS_BLOB.match(real.name) and real.parent.name == "blobs":
-        return real.name
-    meta = root / ".cache" / "huggingface" / "download" / f"{path.relative_to(root)}.metadata"
-    try:
-        _, etag, stamp = meta.read_text(encoding="utf-8").splitlines()[:3]
-        fresh = real.stat().st_mtime - 1 <= float(stamp)
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    etag = etag.strip().strip('"')
-    return etag if fresh and _LFS_BLOB.match(etag) else None
-
-
-def _file_digest(path: Path, root: Path) -> str:
-    """sha256 of a file under ``root``; free where huggingface_hub already recorded it."""
-    return _known_lfs_digest(path, root) or sha256_file(os.path.realpath(path))
-
-
 def _drafter_modules(layout: MtpLayout, plan: ConversionPlan) -> list[str]:
     mods = {module_of(n) for n in layout.drafter_tensors}
     if plan.draft_head is not None:
@@ -325,24 +280,20 @@ def quantize_mtp(
                               draft_vocab_size=None if ids is None else int(ids.numel()))  # fmt: skip
     if dry_run:
         return report
-    try:
-        with sigterm_as_interrupt(), atomic_output_dir(dst_path, force=force) as tmp:
-            _write_variant(tmp, source, files, configs, plan, new_hf_quant, new_config, ids,
-                           draft_vocab, vocab_meta, dev, copy, report, progress)  # fmt: skip
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; nothing was written to {dst_path}.") from None
+    with interruptible(dst_path), atomic_output_dir(dst_path, force=force) as tmp:
+        _write_variant(tmp, source, files, configs, plan, new_hf_quant, new_config, ids,
+                       draft_vocab, vocab_meta, dev, copy, report, progress)  # fmt: skip
     report.seconds = time.monotonic() - started
     return report
 
 
 def _read_sidecar(path: Path) -> dict[str, Any]:
+    """The ids file's sidecar (what was counted), or ``{}`` when there is none."""
     if not path.is_file():
         return {}
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    doc: dict[str, Any] = read_json(path, ConversionError,
+                                    remedy="run build-draft-vocab again or delete the sidecar")
+    return doc
 
 
 def _write_variant(
@@ -369,10 +320,10 @@ def _write_variant(
                 report.linked += 1
             else:
                 report.copied += 1
-            hashes[rel] = pool.submit(_file_digest, source.directory / rel, source.directory)
+            hashes[rel] = pool.submit(file_digest, source.directory / rel, source.directory)
         for name in ("config.json", "hf_quant_config.json"):
             if (source.directory / name).is_file():
-                source_digests[name] = pool.submit(_file_digest, source.directory / name,
+                source_digests[name] = pool.submit(file_digest, source.directory / name,
                                                    source.directory)  # fmt: skip
         head_rows = None
         if plan.draft_head is not None and ids is not None:
@@ -380,7 +331,7 @@ def _write_variant(
         job = _ShardJob(reader, device, head_rows, advance)
         try:
             for shard in plan.rewritten:
-                source_digests[shard.file] = pool.submit(_file_digest, source.directory / shard.file,
+                source_digests[shard.file] = pool.submit(file_digest, source.directory / shard.file,
                                                          source.directory)  # fmt: skip
                 digests[shard.file] = job.run(files, shard, tmp / shard.file)
         finally:
@@ -392,10 +343,10 @@ def _write_variant(
         digests.update({rel: f.result() for rel, f in hashes.items() if rel != "README.md"})
         src_files = {rel: f.result() for rel, f in source_digests.items()}
 
-    digests["config.json"] = write_json(tmp / "config.json", dumps_config(new_config))
+    digests["config.json"] = write_json(tmp / "config.json", dumps_json(new_config))
     if new_hf_quant is not None:
         digests["hf_quant_config.json"] = write_json(tmp / "hf_quant_config.json",
-                                                     dumps_config(new_hf_quant))  # fmt: skip
+                                                     dumps_json(new_hf_quant))  # fmt: skip
     if plan.sharded:
         digests[INDEX_NAME] = write_json(tmp / INDEX_NAME, _index_text(files, plan))
     draft_section = None
@@ -452,8 +403,7 @@ def _index_text(files: CheckpointFiles, plan: ConversionPlan) -> str:
                 total += t.spec.nbytes
     meta = dict(files.index_metadata)
     meta["total_size"] = total
-    return json.dumps({"metadata": meta, "weight_map": dict(sorted(weight_map.items()))},
-                      indent=2) + "\n"  # fmt: skip
+    return dumps_json({"metadata": meta, "weight_map": dict(sorted(weight_map.items()))})
 
 
 def verify_output(directory: Path, plan: ConversionPlan) -> None:

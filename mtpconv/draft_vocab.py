@@ -36,9 +36,10 @@ import numpy.typing as npt
 import torch
 
 from mtpconv import __version__
+from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.corpus import CorpusFile, TextBatch, discover_corpus_files, iter_text_batches
 from mtpconv.errors import DraftVocabError
-from mtpconv.manifest import sha256_file
+from mtpconv.jsonio import read_json, write_file_durably, write_text_durably
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -144,13 +145,6 @@ class TokenizerInfo:
     eos_ids: list[int]
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise DraftVocabError(f"{path} cannot be read as JSON ({exc}).") from exc
-
-
 def _id_list(value: Any, where: str) -> list[int]:
     if value is None:
         return []
@@ -168,7 +162,7 @@ def load_tokenizer_info(source_dir: str | os.PathLike[str]) -> TokenizerInfo:
     config_path = source / "config.json"
     if not config_path.is_file():
         raise DraftVocabError(f"{source} has no config.json; point SRC at a model checkpoint.")
-    config = _read_json(config_path)
+    config = read_json(config_path, DraftVocabError, require_object=False)
     text_config = config.get("text_config") if isinstance(config, dict) else None
     text_config = text_config if isinstance(text_config, dict) else {}
     vocab_size = config.get("vocab_size") if isinstance(config, dict) else None
@@ -205,7 +199,7 @@ def load_tokenizer_info(source_dir: str | os.PathLike[str]) -> TokenizerInfo:
     eos.update(_id_list(text_config.get("eos_token_id"), str(config_path)))
     gen_path = source / "generation_config.json"
     if gen_path.is_file():
-        gen = _read_json(gen_path)
+        gen = read_json(gen_path, DraftVocabError, require_object=False)
         if isinstance(gen, dict):
             eos.update(_id_list(gen.get("eos_token_id"), str(gen_path)))
     bad = sorted(i for i in eos if not 0 <= i < vocab_size)
@@ -453,26 +447,11 @@ def sidecar_path(ids_path: str | os.PathLike[str]) -> Path:
     return path.with_name(path.name + ".json")
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _write_text(path: Path, text: str) -> None:
-    path.write_text(text, encoding="utf-8")
-
-
 def save_draft_vocab_ids(ids: IntArray | torch.Tensor, path: str | os.PathLike[str]) -> Path:
     """Write ids as a 1-D int64 tensor sorted ascending (``torch.save``), atomically."""
     tensor = torch.as_tensor(ids, dtype=torch.int64).reshape(-1).sort().values.contiguous()
     out = Path(path)
-    _atomic_write(out, lambda tmp: torch.save(tensor, tmp))
+    write_file_durably(out, lambda tmp: torch.save(tensor, tmp))
     return out
 
 
@@ -545,7 +524,7 @@ def _write_plot(path: Path, counts: IntArray, order: IntArray, size: int,
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    _atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    write_file_durably(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 
 
 # ---------------------------------------------------------------------------
@@ -652,7 +631,7 @@ def build_draft_vocab(
         ids=[int(i) for i in ids],
     )
     text = json.dumps(report.sidecar_dict(), indent=2) + "\n"
-    _atomic_write(sidecar, lambda tmp: _write_text(tmp, text))
+    write_text_durably(sidecar, text)
     if plot_path is not None:
         plot_path.parent.mkdir(parents=True, exist_ok=True)
         _write_plot(plot_path, counts, order, size, eval_counts)

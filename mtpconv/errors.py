@@ -7,17 +7,15 @@ line on stderr and exit code 1.
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class MtpconvError(Exception):
     """Base class of every error mtpconv reports to a user."""
 
     exit_code = 1
-
-
-class UsageError(MtpconvError):
-    """The command line itself is wrong (exit code 2)."""
-
-    exit_code = 2
 
 
 class SourceError(MtpconvError):
@@ -60,3 +58,21 @@ class Interrupted(MtpconvError):
     """The user interrupted a run (Ctrl-C / SIGTERM); nothing was left half-written."""
 
     exit_code = 130
+
+
+@contextmanager
+def interruptible(target: object) -> Iterator[None]:
+    """The one interrupt path: SIGTERM unwinds like Ctrl-C, and either becomes
+    :class:`Interrupted` naming ``target``, after the ``with`` bodies inside have
+    removed their temporary files."""
+    try:
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    except ValueError:  # not the main thread (embedded use): SIGTERM stays as it was
+        previous = None
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; nothing was written to {target}.") from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

@@ -18,11 +18,11 @@ from typing import Any
 from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles
 from mtpconv.checkpoint.source import load_files, resolve_source
 from mtpconv.checkpoint.writer import atomic_output_dir, link_or_copy, write_json
-from mtpconv.convert import sigterm_as_interrupt
-from mtpconv.errors import Interrupted, OutputError
+from mtpconv.errors import OutputError, interruptible
+from mtpconv.jsonio import dumps_json
 from mtpconv.layouts import linear_modules
 from mtpconv.plan import check_destination, other_files
-from mtpconv.quant_config import QuantConfigs, dumps_config, fixed_exclusion_configs, load_quant_configs
+from mtpconv.quant_config import QuantConfigs, fixed_exclusion_configs, load_quant_configs
 
 
 @dataclass
@@ -75,17 +75,14 @@ def fix_exclusions(
         report.backups = _rewrite_in_place(source.directory, new_hf_quant, new_config)
         return report
     check_destination(source.directory, target)
-    try:
-        with sigterm_as_interrupt(), atomic_output_dir(target, force=force) as tmp:
-            for rel in list(files.shards) + _non_weight_files(source.directory, files):
-                out = tmp / rel
-                out.parent.mkdir(parents=True, exist_ok=True)
-                link_or_copy(source.directory / rel, out, copy=copy)
-            write_json(tmp / "config.json", dumps_config(new_config))
-            if new_hf_quant is not None:
-                write_json(tmp / "hf_quant_config.json", dumps_config(new_hf_quant))
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; nothing was written to {target}.") from None
+    with interruptible(target), atomic_output_dir(target, force=force) as tmp:
+        for rel in list(files.shards) + _non_weight_files(source.directory, files):
+            out = tmp / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            link_or_copy(source.directory / rel, out, copy=copy)
+        write_json(tmp / "config.json", dumps_json(new_config))
+        if new_hf_quant is not None:
+            write_json(tmp / "hf_quant_config.json", dumps_json(new_hf_quant))
     return report
 
 
@@ -106,8 +103,7 @@ def _rewrite_in_place(directory: Path, hf_quant: dict[str, Any] | None,
         if doc is None:
             continue
         tmp = directory / f".{name}.mtpconv-tmp"
-        tmp.unlink(missing_ok=True)  # left by a killed run; write_json never overwrites
-        write_json(tmp, dumps_config(doc))
+        write_json(tmp, dumps_json(doc))
         staged.append((name, tmp))
     backups = []
     for name, _ in staged:

@@ -18,8 +18,9 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mtpconv import __version__
+from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.errors import ManifestError, PublishError
-from mtpconv.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_file
+from mtpconv.manifest import MANIFEST_NAME, Manifest, read_manifest
 from mtpconv.model_card import CARD_NAME, build_model_card, human_bytes
 
 if TYPE_CHECKING:

@@ -15,8 +15,7 @@ from typing import Any
 
 from mtpconv.checkpoint.safetensors_io import FLOAT_DTYPES, TensorInfo
 from mtpconv.errors import LayoutError
-
-TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.")
+from mtpconv.names import strip_text_prefix
 
 QWEN35_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
 DEEPSEEK_TYPES = {"deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "kimi_k2"}
@@ -150,14 +149,6 @@ def linear_modules(tensors: Mapping[str, TensorInfo]) -> dict[str, str]:
         stored, _ = classify_weight(name, tensors)
         out[module_of(name)] = stored
     return out
-
-
-def strip_text_prefix(name: str) -> tuple[str, str]:
-    """(prefix, rest) for names under a VLM's language model."""
-    for prefix in TEXT_PREFIXES:
-        if name.startswith(prefix):
-            return prefix, name[len(prefix) :]
-    return "", name
 
 
 def _find_head_and_embedding(names: list[str]) -> tuple[str | None, str | None]:

@@ -28,7 +28,6 @@ prefix as stored), without the ``.weight`` suffix.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -36,22 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from mtpconv import __version__
+from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.errors import ManifestError
+from mtpconv.jsonio import read_json, write_text_durably
 
 MANIFEST_NAME = "mtpconv.json"
 DRAFT_VOCAB_IDS_NAME = "mtp_draft_vocab_ids.pt"
 DRAFT_HEAD_NAME = "mtp.draft_lm_head"
 FORMAT_VERSION = 1
-_HASH_CHUNK = 8 << 20
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file, read in 8 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass
@@ -94,10 +85,7 @@ class Manifest:
 def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> Path:
     """Write ``mtpconv.json`` into ``directory`` (fsynced)."""
     path = Path(directory) / MANIFEST_NAME
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(manifest.to_json())
-        f.flush()
-        os.fsync(f.fileno())
+    write_text_durably(path, manifest.to_json())
     return path
 
 
@@ -173,10 +161,8 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest | None:
     path = Path(directory) / MANIFEST_NAME
     if not path.is_file():
         return None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ManifestError(f"{path} cannot be read as JSON ({exc}).") from exc
+    doc = read_json(path, ManifestError, require_object=False,
+                    remedy="convert the source again or restore the variant")
     return parse_manifest(doc, str(path))
 
 

@@ -55,7 +55,6 @@ verified against every module that must keep its declaration.
 from __future__ import annotations
 
 import copy
-import json
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -66,6 +65,8 @@ from typing import Any
 
 from mtpconv.errors import QuantConfigError
 from mtpconv.findings import Finding, Severity
+from mtpconv.jsonio import read_json
+from mtpconv.names import VISION_MARKERS, drafter_alias
 
 CONFIG_JSON = "config.json"
 HF_QUANT_JSON = "hf_quant_config.json"
@@ -97,8 +98,6 @@ FINDING_CODES = (
     CODE_METHOD_UNSUPPORTED,
 )
 
-_VLM_PREFIXES = ("model.language_model.", "language_model.")
-_VISION_MARKERS = ("vision_tower", "vision_model", "vit_large_projector")
 # Router gates: vLLM's Qwen3-Next / Qwen3.5 MoE blocks build them with no quant config.
 _ROUTER_GATES = (".mlp.gate", ".mlp.shared_expert_gate")
 _HEAD_LEAVES = frozenset({"lm_head", "draft_lm_head", "head"})
@@ -118,51 +117,21 @@ class QuantConfigs:
     hf_quant_path: Path | None = None
 
 
-def _load_json_object(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise QuantConfigError(f"{path} is not UTF-8 text ({exc}); restore the original file.") from exc
-    except OSError as exc:
-        raise QuantConfigError(f"{path} cannot be read: {exc.strerror or exc}.") from exc
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise QuantConfigError(
-            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
-            "restore the original file."
-        ) from exc
-    except RecursionError:
-        raise QuantConfigError(
-            f"{path} is nested too deeply to be a config; restore the original file."
-        ) from None
-    if not isinstance(doc, dict):
-        raise QuantConfigError(
-            f"{path} must hold a JSON object, found {type(doc).__name__}; restore the original."
-        )
-    return doc
-
-
 def load_quant_configs(directory: Path) -> QuantConfigs:
     """Load ``config.json`` (required) and ``hf_quant_config.json`` (optional) from a checkpoint."""
     directory = Path(directory)
     config_path = directory / CONFIG_JSON
     if not config_path.is_file():
         raise QuantConfigError(f"{config_path} is missing: a checkpoint directory needs its config.json.")
-    config = _load_json_object(config_path)
+    config = read_json(config_path, QuantConfigError)
     hf_quant_path: Path | None = directory / HF_QUANT_JSON
     hf_quant: dict[str, Any] | None = None
     if hf_quant_path is not None and hf_quant_path.is_file():
-        hf_quant = _load_json_object(hf_quant_path)
+        hf_quant = read_json(hf_quant_path, QuantConfigError)
     else:
         hf_quant_path = None
     return QuantConfigs(config=config, hf_quant=hf_quant, config_path=config_path,
                         hf_quant_path=hf_quant_path)  # fmt: skip
-
-
-def dumps_config(doc: dict[str, Any]) -> str:
-    """How mtpconv writes JSON: indent 2, key order kept, non-ASCII kept, trailing newline."""
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
 # --------------------------------------------------------------------- declarations
@@ -383,14 +352,6 @@ def _expand_pattern(pattern: str) -> tuple[str, ...]:
     return (pattern,)
 
 
-def _drafter_alias(module: str) -> str | None:
-    """The name vLLM's Qwen MTP classes give a VLM-prefixed drafter module (``mtp.*``)."""
-    for prefix in _VLM_PREFIXES:
-        if module.startswith(prefix) and module[len(prefix) :].startswith("mtp."):
-            return module[len(prefix) :]
-    return None
-
-
 # vLLM (Qwen3.5 / Qwen3-Next ``packed_modules_mapping``) fuses these checkpoint leaves.
 _FUSED_INTO = {
     "q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
@@ -408,7 +369,7 @@ def _vllm_view(module: str) -> tuple[str, str]:
     ``shard`` is the unfused name vLLM compares *exact* patterns with. A VLM-prefixed
     drafter module is seen as ``mtp.<rest>`` (the MTP classes are built with prefix mtp).
     """
-    base = _drafter_alias(module) or module
+    base = drafter_alias(module) or module
     parts = base.split(".")
     if "experts" in parts[:-1]:
         layer = ".".join(parts[: parts.index("experts") + 1])
@@ -541,7 +502,7 @@ def pattern_matches(pattern: str, module: str, *, method: str = "modelopt") -> b
 
 def _mixed_candidates(module: str) -> list[str]:
     """The names vLLM's ``_quantized_layer_prefix_candidates`` tries for a module."""
-    base = _drafter_alias(module) or module
+    base = drafter_alias(module) or module
     cands = [base]
     for prefix_a, prefix_b in (
         ("model.language_model.", "language_model.model."),
@@ -591,7 +552,7 @@ def declared_format(decl: DeclaredQuant, module: str) -> str | None:
     if decl.matcher().excluded(module):
         return None
     if decl.method == "modelopt":
-        if any(marker in module for marker in _VISION_MARKERS):
+        if any(marker in module for marker in VISION_MARKERS):
             return None
         if decl.algo == "MIXED_PRECISION":
             return _mixed_lookup(decl.quantized_layers or {}, module)
@@ -776,7 +737,7 @@ def audit_quant_configs(
 
 def _candidates(module: str, method: str) -> list[str]:
     """Patterns that could exclude ``module`` safely in vLLM, most general first."""
-    name = _drafter_alias(module) or module
+    name = drafter_alias(module) or module
     parts = name.split(".")
     leaf = parts[-1]
     expert_at = parts.index("experts") if "experts" in parts[:-1] else None

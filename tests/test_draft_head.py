@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.convert import quantize_mtp
 from mtpconv.errors import ConversionError
 from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8
 from mtpconv.formats.nvfp4 import dequantize_nvfp4
-from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, read_manifest, sha256_file, verify_files
+from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, read_manifest, verify_files
 from tests.factories import Spec, write_checkpoint
 from tests.helpers import load_tensor, run_cli
 

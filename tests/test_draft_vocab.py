@@ -17,6 +17,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.draft_vocab import (
     build_draft_vocab,
     load_draft_vocab_ids,
@@ -25,7 +26,6 @@ from mtpconv.draft_vocab import (
     sidecar_path,
 )
 from mtpconv.errors import DraftVocabError
-from mtpconv.manifest import sha256_file
 from tests.tokenizer_factory import generate_text, write_tiny_tokenizer
 
 VOCAB = 520  # config.json vocab_size: the 512-token tokenizer padded, as real models pad

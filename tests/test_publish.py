@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from mtpconv import __version__, console, hub
+from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.cli import main
 from mtpconv.errors import ManifestError, PublishError
 from mtpconv.hub import PublishPlan, publish, verify_variant
@@ -25,7 +26,6 @@ from mtpconv.manifest import (
     DrafterSection,
     DraftVocabSection,
     Manifest,
-    sha256_file,
     write_manifest,
 )
 from mtpconv.model_card import build_model_card

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from mtpconv.errors import QuantConfigError
 from mtpconv.findings import Severity
+from mtpconv.jsonio import dumps_json
 from mtpconv.quant_config import (
     CODE_CONFIG_INVALID,
     CODE_CONFIGS_DISAGREE,
@@ -28,7 +29,6 @@ from mtpconv.quant_config import (
     audit_quant_configs,
     declared_format,
     declared_quant,
-    dumps_config,
     fixed_exclusion_configs,
     load_quant_configs,
     pattern_matches,
@@ -144,7 +144,7 @@ def test_load_non_utf8(tmp_path: Path) -> None:
 
 def test_dumps_config_format() -> None:
     doc = {"b": 1, "a": {"z": [1, 2], "é": "ü"}}
-    text = dumps_config(doc)
+    text = dumps_json(doc)
     assert text.endswith("}\n") and not text.endswith("\n\n")
     assert text == json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
     assert list(json.loads(text)) == ["b", "a"]
@@ -517,7 +517,7 @@ def test_variant_is_idempotent_and_no_op_when_already_excluded() -> None:
     hq, cfg = variant_configs(configs, drafter, modules)
     again = variant_configs(QuantConfigs(cfg, hq), drafter, modules)
     assert again == (hq, cfg)
-    assert dumps_config(again[1]) == dumps_config(cfg)
+    assert dumps_json(again[1]) == dumps_json(cfg)
 
 
 def test_variant_bf16_source_unchanged() -> None:
@@ -839,7 +839,7 @@ def test_rewriters_on_near_valid_configs(method: Any, algo: Any, ignore: Any, la
             event("refused")
             continue
         event("unchanged" if (hq2, cfg2) == (configs.hf_quant, configs.config) else "rewritten")
-        assert json.loads(dumps_config(cfg2)) == cfg2
+        assert json.loads(dumps_json(cfg2)) == cfg2
         assert rewrite(QuantConfigs(cfg2, hq2)) == (hq2, cfg2)  # a fixed point
     audit_quant_configs(configs, stored, drafter)
     assert configs.config == snapshot.config and configs.hf_quant == snapshot.hf_quant

@@ -7,7 +7,6 @@ index against the shard headers before anything else happens.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -15,6 +14,7 @@ from typing import Any
 
 from mtpconv.checkpoint.safetensors_io import SafetensorsHeader, TensorInfo, read_header
 from mtpconv.errors import CheckpointFormatError, SourceError
+from mtpconv.jsonio import read_json
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -41,22 +41,8 @@ class CheckpointFiles:
 
 
 def _load_index(path: Path) -> dict[str, Any]:
-    def no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                raise CheckpointFormatError(
-                    f"{path.name} lists {key!r} twice; the index is corrupt. Re-export it."
-                )
-            out[key] = value
-        return out
-
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=no_dupes)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointFormatError(f"cannot read {path}: {exc}.") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointFormatError(f"{path.name} is not valid JSON ({exc}).") from None
+    doc = read_json(path, CheckpointFormatError, require_object=False, reject_duplicate_keys=True,
+                    remedy="re-export the index")
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         raise CheckpointFormatError(
             f"{path.name} is not a safetensors index: it needs a \"weight_map\" object."

@@ -24,6 +24,7 @@ from typing import BinaryIO
 
 from mtpconv.checkpoint.safetensors_io import DTYPES
 from mtpconv.errors import OutputError
+from mtpconv.jsonio import write_text_durably
 
 _TMP_MARK = ".mtpconv-tmp-"
 _COPY_CHUNK = 64 << 20
@@ -168,10 +169,11 @@ def link_or_copy(src: Path, dst: Path, *, copy: bool = False) -> bool:
 
 
 def write_json(path: Path, text: str) -> str:
-    """Write a small text file (fsynced) and return its sha256."""
-    out = HashingWriter(path)
-    out.write(text.encode("utf-8"))
-    return out.close()
+    """Write a small text file durably and return its sha256 (a disk fault names the file)."""
+    try:
+        return write_text_durably(path, text)
+    except OSError as exc:
+        raise _disk_error(exc, path) from None
 
 
 def _fsync_dir(path: Path) -> None:

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import torch
 
+from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.errors import ManifestError
-from mtpconv.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_file
+from mtpconv.manifest import MANIFEST_NAME, Manifest, read_manifest
+from mtpconv.names import drafter_name
 
 DRAFT_VOCAB_ENV = "MTPCONV_DRAFT_VOCAB"
 # Prefixes a checkpoint may put in front of the drafter's ``mtp.`` names.
-_CKPT_PREFIXES = ("model.language_model.", "language_model.", "model.")
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,6 @@ class DrafterSettings:
     manifest: Manifest
     fp8_modules: frozenset[str]  # normalized "mtp.…" module names, no ".weight"
     head: DraftHeadSettings | None
-
-
-def normalize_name(name: str) -> str:
-    """``model.language_model.mtp.fc`` -> ``mtp.fc`` (checkpoint prefixes dropped)."""
-    for prefix in _CKPT_PREFIXES:
-        if name.startswith(prefix + "mtp."):
-            return name[len(prefix):]
-    return name
 
 
 def resolve_model_dir(model: str, revision: str | None = None) -> Path | None:
@@ -138,5 +131,5 @@ def drafter_settings(model: str, revision: str | None, vocab_size: int) -> Draft
         if ids.numel() != dv.size:
             raise ManifestError(f"{ids_path} holds {ids.numel()} ids, {MANIFEST_NAME} says {dv.size}.")
         head = DraftHeadSettings(ids=ids, dtype=dv.head_dtype)
-    fp8 = frozenset(normalize_name(n) for n in manifest.drafter.fp8_linears)
+    fp8 = frozenset(drafter_name(n) for n in manifest.drafter.fp8_linears)
     return DrafterSettings(model_dir=model_dir, manifest=manifest, fp8_modules=fp8, head=head)

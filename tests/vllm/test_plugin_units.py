@@ -13,8 +13,9 @@ import torch
 import mtpconv.vllm_plugin as plugin
 from mtpconv.errors import ManifestError
 from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8
+from mtpconv.names import drafter_name
 from mtpconv.vllm_plugin import kernels
-from mtpconv.vllm_plugin.settings import drafter_settings, normalize_name
+from mtpconv.vllm_plugin.settings import drafter_settings
 from tests.helpers import populate_hub_cache
 
 
@@ -112,7 +113,7 @@ def test_checkpoint_names_of_vllm_prefixes() -> None:
         "mtp.layers.0.self_attn.q_proj", "mtp.layers.0.self_attn.k_proj",
         "mtp.layers.0.self_attn.v_proj"]  # fmt: skip
     assert checkpoint_names("model.layers.0.mlp.gate_up_proj", packed) == []
-    assert normalize_name("model.language_model.mtp.fc") == "mtp.fc"
+    assert drafter_name("model.language_model.mtp.fc") == "mtp.fc"
 
 
 def test_settings_from_manifest(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
