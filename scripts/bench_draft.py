@@ -183,12 +183,32 @@ def linear_fn(variant: str, input_scale: torch.Tensor) -> LinearFn:
     return lambda x, w: run_path(path, x, w.fp8, w.scale, input_scale=input_scale)
 
 
-def moe_fn(variant: str) -> Callable[[torch.Tensor, Experts, torch.Tensor, bool], torch.Tensor]:
-    from mtpconv.kernels import triton_fp8
+MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Experts, Experts], torch.Tensor]
 
-    if variant == "bf16":
-        return lambda x, e, ids, per_pair: triton_fp8.wo_moe(x, e.bf16, None, ids, x_per_pair=per_pair)
-    return lambda x, e, ids, per_pair: triton_fp8.wo_moe(x, e.fp8, e.scale, ids, x_per_pair=per_pair)
+
+def moe_fn(variant: str, kind: str) -> MoeFn:
+    """Routed experts ``(h, ids, weights, gate_up, down) -> [T, H]``, the same kernels for
+    both precisions. ``grouped``: each hit expert read once for all its tokens, SiLU * up
+    fused into the down projection's load and the routing weight into its epilogue;
+    ``pair``: one GEMV per (token, expert) pair (the earlier kernel)."""
+    from mtpconv.kernels import triton_moe
+
+    def w(e: Experts) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return (e.bf16, None) if variant == "bf16" else (e.fp8, e.scale)
+
+    def grouped(
+        h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts
+    ) -> torch.Tensor:
+        y = triton_moe.moe_grouped(h, *w(gu), ids, x_per_pair=False)
+        d = triton_moe.moe_grouped(y, *w(dn), ids, x_per_pair=True, act=True, route_w=tw)
+        return d.view(h.shape[0], ids.shape[1], -1).sum(1)
+
+    def pair(h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts) -> torch.Tensor:
+        y = triton_moe.wo_moe(h, *w(gu), ids, x_per_pair=False)
+        d = triton_moe.wo_moe(silu_mul(y), *w(dn), ids, x_per_pair=True)
+        return (d.view(h.shape[0], ids.shape[1], -1) * tw[..., None]).sum(1)
+
+    return grouped if kind == "grouped" else pair
 
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor:
@@ -198,7 +218,7 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
 
 def step(
     s: Shape, ws: WeightSet, emb: torch.Tensor, hid: torch.Tensor, lin: LinearFn,
-    moe: Callable[..., torch.Tensor] | None, full_head: bool,
+    moe: MoeFn | None, full_head: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """One drafter step; returns (logits, topk_ids or None)."""
     h = lin(torch.cat((emb, hid), dim=-1), ws.fc)
@@ -216,9 +236,7 @@ def step(
         probs = torch.softmax(F.linear(h, ws.router).float(), dim=-1)
         topw, ids = torch.topk(probs, s.top_k, dim=-1)
         topw = (topw / topw.sum(-1, keepdim=True)).to(h.dtype)
-        gu = moe(h, ws.experts_gate_up, ids, False)
-        d = moe(silu_mul(gu), ws.experts_down, ids, True)
-        routed = (d.view(h.shape[0], s.top_k, -1) * topw[..., None]).sum(1)
+        routed = moe(h, ids, topw, ws.experts_gate_up, ws.experts_down)
         shared = lin(silu_mul(lin(h, ws.shared_gate_up)), ws.shared_down)
         h = h + routed + torch.sigmoid(F.linear(h, ws.shared_gate)) * shared
     logits = lin(h, ws.head_full if full_head else ws.head_draft)
@@ -310,7 +328,12 @@ def fp8_variants(paths: list[str]) -> list[str]:
 
 
 def bench_model(
-    key: str, tokens_list: list[int], variants: list[str], copy_tbps: float, dev: torch.device
+    key: str,
+    tokens_list: list[int],
+    variants: list[str],
+    copy_tbps: float,
+    dev: torch.device,
+    moe_kind: str = "grouped",
 ) -> list[Row]:
     s = SHAPES[key]
     t0 = time.time()
@@ -330,7 +353,7 @@ def bench_model(
         hid = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
         for variant in variants:
             lin = linear_fn(variant, input_scale)
-            moe = moe_fn(variant) if s.experts else None
+            moe = moe_fn(variant, moe_kind) if s.experts else None
             for full_head in (True, False):
                 _, ids = step(s, sets[0], emb, hid, lin, moe, full_head)
                 distinct = int(ids.unique().numel()) if ids is not None else 0
@@ -371,7 +394,6 @@ def micro(
     tokens_list: list[int],
     variants: list[str],
     dev: torch.device,
-    sweep: bool,
     per_row: bool = False,
 ) -> list[dict[str, Any]]:
     """Per-linear times at one model's shapes, weight copies rotated past L2."""
@@ -414,44 +436,135 @@ def micro(
                 out.append({"linear": name, "n": n, "k": k, "tokens": t, "variant": variant,
                             "per_row": per_row, "us": us,
                             "tbps": nbytes / (us * 1e-6) / 1e12})  # fmt: skip
-        if sweep and triton_available():
-            from mtpconv.kernels import triton_fp8
-
-            for t in tokens_list:
-                x = torch.randn(t, k, device=dev, generator=gen).to(torch.bfloat16)
-                configs: list[tuple[str, bool, tuple[int, ...]]] = []
-                if t == 1:
-                    gemv_cfgs = [(4, 2048, 8), (8, 2048, 8), (8, 1024, 4), (16, 1024, 8),
-                                 (4, 4096, 8), (8, 4096, 8), (16, 512, 4), (2, 4096, 8)]  # fmt: skip
-                    configs += [("gemv", True, c) for c in gemv_cfgs]
-                bm = 16 if t <= 16 else (32 if t <= 32 else 64)
-                dot_cfgs = [(16, 512, 4, 4), (32, 512, 4, 4), (64, 256, 4, 4), (32, 256, 4, 4),
-                            (16, 256, 4, 4), (64, 512, 4, 3), (16, 1024, 4, 3), (32, 1024, 4, 3),
-                            (128, 128, 4, 4), (64, 128, 4, 4)]  # fmt: skip
-                configs += [("dot", False, (bm, *c)) for c in dot_cfgs]
-                for kind, gemv, cfg in configs:
-
-                    def f(
-                        cfg: tuple[int, ...] = cfg,
-                        gemv: bool = gemv,
-                        x: torch.Tensor = x,
-                        ws: list[Linear] = ws,
-                    ) -> None:
-                        for w in ws:
-                            triton_fp8.wo_linear(x, w.fp8, w.scale, config=cfg, gemv=gemv)
-
-                    try:
-                        us = time_graph(f, reps=1) / copies
-                    except Exception as exc:  # report and go on
-                        print(f"  micro {name} {kind}{cfg} FAILED: {exc!r}"[:400], flush=True)
-                        continue
-                    out.append({"linear": name, "n": n, "k": k, "tokens": t,
-                                "variant": f"wo_{kind}{list(cfg)}", "us": us,
-                                "tbps": n * k / (us * 1e-6) / 1e12})  # fmt: skip
         del ws
         torch.cuda.empty_cache()
         print(f"  micro {name} done", flush=True)
     return out
+
+
+def dense_shapes(s: Shape) -> dict[str, tuple[int, int]]:
+    """The FP8 dense linears of one drafter step: name -> (N, K)."""
+    h = s.hidden
+    out = {"fc": (h, 2 * h), "qkv": (s.q_out + 2 * s.kv_out, h), "o": (h, s.o_in)}
+    if s.experts == 0:
+        out |= {"gate_up": (2 * s.intermediate, h), "down": (h, s.intermediate)}
+    else:
+        out |= {"shared_gate_up": (2 * s.shared_intermediate, h), "shared_down": (h, s.shared_intermediate)}
+    out["head32k"] = (DRAFT_VOCAB, h)
+    return out
+
+
+def skinny_configs(t: int, sms: int) -> list[Any]:
+    from mtpconv.kernels.triton_skinny import Config
+
+    cfgs = []
+    if t == 1:
+        for bn, bk, warps in [(8, 256, 4), (16, 256, 4), (32, 256, 8), (8, 512, 4), (16, 512, 8)]:
+            for progs in (4, 8, 12, 16):
+                cfgs.append(Config(False, bn, bk, warps, 3, progs * sms))
+        return cfgs
+    for mma in (1, 2, 3):
+        for bn, bk, progs in [(64, 128, 4), (32, 256, 2), (32, 256, 4), (64, 256, 2)]:
+            cfgs.append(Config(True, bn, bk, 4, 3, progs * sms, mma))
+    return cfgs
+
+
+def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Time the skinny GEMM at every configuration of ``skinny_configs`` on every model's
+    dense FP8 linears, and the grouped MoE kernel on the experts; best first per shape."""
+    from mtpconv.kernels import triton_moe, triton_skinny
+
+    sms = triton_skinny.sm_count(dev.index or 0)
+    out: list[dict[str, Any]] = []
+    gen = torch.Generator(device=dev).manual_seed(0)
+    seen: set[tuple[int, int]] = set()
+    for s in SHAPES.values():
+        if only and s.name not in only:
+            continue
+        for name, (n, k) in dense_shapes(s).items():
+            if (n, k) in seen:
+                continue
+            seen.add((n, k))
+            copies = max(2, math.ceil(L2_SAFE_BYTES / (n * k)))
+            ws = [Linear.make(n, k, dev, gen) for _ in range(copies)]
+            for t in tokens_list:
+                x = torch.randn(t, k, device=dev, generator=gen).to(torch.bfloat16)
+                res = []
+                for cfg in skinny_configs(t, sms):
+
+                    def f(cfg: Any = cfg, x: torch.Tensor = x, ws: list[Linear] = ws) -> None:
+                        for w in ws:
+                            triton_skinny.skinny_linear(x, w.fp8, w.scale, config=cfg)
+
+                    try:
+                        us = time_graph(f, reps=1, replays=15) / copies
+                    except Exception as exc:  # report and go on
+                        print(f"  sweep {n}x{k} T={t} {cfg} FAILED: {exc!r}"[:300], flush=True)
+                        continue
+                    res.append((us, cfg))
+                res.sort(key=lambda r: r[0])
+                for rank, (us, cfg) in enumerate(res[:3]):
+                    tbps = n * k / (us * 1e-6) / 1e12
+                    out.append({"model": s.name, "linear": name, "n": n, "k": k, "tokens": t, "rank": rank,
+                                "config": list(cfg), "us": us, "tbps": tbps})  # fmt: skip
+                print(f"  sweep {s.name} {name} {n}x{k} T={t}: best {res[0][1]} {res[0][0]:.1f} us "
+                      f"({n * k / (res[0][0] * 1e-6) / 1e12:.2f} TB/s)", flush=True)  # fmt: skip
+            del ws
+            torch.cuda.empty_cache()
+        if s.experts == 0:
+            continue
+        ex_gu = Experts.make(s.experts, 2 * s.moe_intermediate, s.hidden, dev, gen)
+        ex_dn = Experts.make(s.experts, s.hidden, s.moe_intermediate, dev, gen)
+        for t in tokens_list:
+            id_sets = [torch.stack([torch.randperm(s.experts, device=dev, generator=gen)[: s.top_k]
+                                    for _ in range(t)]) for _ in range(8)]  # fmt: skip
+            h = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
+            y = torch.randn(t * s.top_k, 2 * s.moe_intermediate, device=dev, generator=gen).to(torch.bfloat16)
+            distinct = sum(int(i.unique().numel()) for i in id_sets) / len(id_sets)
+            for proj, ex, x, act in (("experts_gate_up", ex_gu, h, False), ("experts_down", ex_dn, y, True)):
+                res = []
+                cfgs: list[tuple[int, int, int, int, bool]] = [
+                    (bn, bk, 4, st, True) for bn in (32, 64, 128) for bk in (128, 256) for st in (3, 4)
+                ]
+                if t == 1:
+                    cfgs += [(bn, bk, 4, 3, False) for bn in (8, 16, 32) for bk in (256, 512)]
+                for cfg in cfgs:
+
+                    def g(cfg: Any = cfg, ex: Experts = ex, x: torch.Tensor = x, act: bool = act,
+                          id_sets: list[torch.Tensor] = id_sets) -> None:  # fmt: skip
+                        for ids in id_sets:
+                            triton_moe.moe_grouped(x, ex.fp8, ex.scale, ids, x_per_pair=act, act=act,
+                                                   config=cfg)  # fmt: skip
+
+                    try:
+                        us = time_graph(g, reps=1, replays=15) / len(id_sets)
+                    except Exception as exc:  # report and go on
+                        print(f"  sweep moe {proj} T={t} {cfg} FAILED: {exc!r}"[:300], flush=True)
+                        continue
+                    res.append((us, cfg))
+                res.sort(key=lambda r: r[0])
+                nbytes = distinct * ex.fp8[0].numel()
+                for rank, (us, cfg) in enumerate(res[:3]):
+                    out.append({"model": s.name, "linear": proj, "n": ex.fp8.shape[1], "k": ex.fp8.shape[2],
+                                "tokens": t, "rank": rank, "config": list(cfg), "us": us,
+                                "tbps": nbytes / (us * 1e-6) / 1e12})  # fmt: skip
+                print(
+                    f"  sweep {s.name} {proj} T={t} ({distinct:.0f} experts): best {res[0][1]} "
+                    f"{res[0][0]:.1f} us ({nbytes / (res[0][0] * 1e-6) / 1e12:.2f} TB/s)",
+                    flush=True,
+                )
+        del ex_gu, ex_dn
+        torch.cuda.empty_cache()
+    return out
+
+
+def srows_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | linear | N x K | tokens | best config | us | TB/s |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["rank"] == 0:
+            lines.append(f"| {r['model']} | {r['linear']} | {r['n']}x{r['k']} | {r['tokens']} | "
+                         f"{r['config']} | {r['us']:.1f} | {r['tbps']:.2f} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def markdown(rows: list[Row], copy_tbps: float, variants: list[str]) -> str:
@@ -517,7 +630,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--micro", action="store_true", help="also time each linear alone (27B shapes)")
     ap.add_argument("--micro-only", action="store_true")
-    ap.add_argument("--sweep", action="store_true", help="with --micro: sweep Triton configs")
+    ap.add_argument(
+        "--sweep",
+        action="store_true",
+        help="sweep the skinny-GEMM and grouped-MoE configurations (all models' shapes)",
+    )
+    ap.add_argument("--sweep-only", action="store_true", help="the sweep and nothing else")
+    ap.add_argument(
+        "--moe",
+        choices=("grouped", "pair"),
+        default="grouped",
+        help="routed-expert kernel of the step (the same for both precisions)",
+    )
     ap.add_argument(
         "--per-row",
         action="store_true",
@@ -545,15 +669,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{meta}\ncopy bandwidth {copy_tbps:.2f} TB/s", flush=True)
     result: dict[str, Any] = {"meta": meta, "copy_tbps": copy_tbps}
     md = ""
+    if args.sweep or args.sweep_only:
+        srows = sweep(tokens, dev, [SHAPES[m].name for m in args.models.split(",")])
+        result["sweep"] = srows
+        md += "### Sweep (best per shape)\n\n" + srows_markdown(srows) + "\n\n"
+        (args.out / "bench_draft.json").write_text(json.dumps(result, indent=1))
+    if args.sweep_only:
+        (args.out / "bench_draft.md").write_text(md)
+        print(md)
+        return 0
     if args.micro or args.micro_only:
-        mrows = micro("qwen3.5-27b", tokens, variants, dev, args.sweep, args.per_row)
+        mrows = micro("qwen3.5-27b", tokens, variants, dev, args.per_row)
         result["micro"] = mrows
         md += "### Per-linear (Qwen3.5-27B shapes)\n\n" + micro_markdown(mrows) + "\n\n"
         (args.out / "bench_draft.json").write_text(json.dumps(result, indent=1))
     if not args.micro_only:
         rows: list[Row] = []
         for key in args.models.split(","):
-            rows += bench_model(key, tokens, variants, copy_tbps, dev)
+            rows += bench_model(key, tokens, variants, copy_tbps, dev, args.moe)
             result["steps"] = [r.__dict__ for r in rows]
             (args.out / "bench_draft.json").write_text(json.dumps(result, indent=1))
         md = "### Drafter step\n\n" + markdown(rows, copy_tbps, variants) + "\n" + md

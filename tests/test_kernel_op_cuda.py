@@ -15,12 +15,15 @@ from mtpconv.kernels import fp8_linear, fp8_linear_op
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.mark.parametrize("per_row", [False, True])
-def test_compiled_fullgraph_dynamic_and_graph_replay(per_row: bool) -> None:
+@pytest.mark.parametrize("layout", ["tensor", "row", "block"])
+def test_compiled_fullgraph_dynamic_and_graph_replay(layout: str) -> None:
     g = torch.Generator().manual_seed(0)
     q = quantize_fp8(torch.randn(4096, 2048, generator=g) * 0.02)
     w = q.weight.cuda()
-    s = (torch.rand(4096, generator=g) * 1e-4 + 1e-4).cuda() if per_row else q.scale.cuda()
+    if layout == "block":
+        s = (torch.rand(32, 16, generator=g) * 1e-4 + 1e-4).cuda()
+    else:
+        s = (torch.rand(4096, generator=g) * 1e-4 + 1e-4).cuda() if layout == "row" else q.scale.cuda()
     b = torch.randn(4096, generator=g).cuda().to(torch.bfloat16)
     torch._dynamo.reset()
     f = torch.compile(lambda x: fp8_linear_op(x, w, s, b), fullgraph=True, dynamic=True)

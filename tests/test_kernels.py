@@ -87,11 +87,12 @@ def test_selection_rules_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
     gpu = torch.device("cuda", 0)
     monkeypatch.delenv("MTPCONV_FP8_PATH", raising=False)
     for cap, triton, per_row, tokens, want in [
-        ((9, 0), True, False, 1, Fp8Path.SCALED_MM_FUSED),
+        ((9, 0), True, False, 1, Fp8Path.WO_SKINNY),
+        ((9, 0), True, False, 16, Fp8Path.WO_SKINNY),
+        ((9, 0), True, False, 17, Fp8Path.SCALED_MM_FUSED),
         ((9, 0), True, False, 64, Fp8Path.SCALED_MM_FUSED),
-        ((9, 0), True, True, 1, Fp8Path.WO_TRITON),
-        ((9, 0), True, True, 4, Fp8Path.SCALED_MM_FUSED),
-        ((9, 0), True, True, 16, Fp8Path.SCALED_MM_FUSED),
+        ((9, 0), True, True, 1, Fp8Path.WO_SKINNY),
+        ((9, 0), True, True, 16, Fp8Path.WO_SKINNY),
         ((9, 0), True, True, 17, Fp8Path.SCALED_MM_TOKEN),
         ((9, 0), False, False, 4, Fp8Path.SCALED_MM_TENSOR),
         ((9, 0), False, True, 4, Fp8Path.SCALED_MM_TOKEN_TORCH),
@@ -103,6 +104,35 @@ def test_selection_rules_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
         got = select_path(gpu, tokens, per_row_scale=per_row)
         assert got is want, (cap, triton, per_row, tokens, got)
         assert got in available_paths(gpu)
+
+
+def test_block_scales_select_skinny_or_dequant(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mtpconv.kernels import linear
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.delenv("MTPCONV_FP8_PATH", raising=False)
+    monkeypatch.setattr(linear, "_capability", lambda index: (9, 0))
+    for triton, want in ((True, Fp8Path.WO_SKINNY), (False, Fp8Path.DEQUANT)):
+        monkeypatch.setattr(linear, "triton_available", lambda triton=triton: triton)
+        for tokens in (1, 64):
+            assert select_path(gpu, tokens, block_scale=True) is want
+        assert available_paths(gpu, block_scale=True)[-1] is want
+
+
+def test_block_scale_reference_and_validation() -> None:
+    g = torch.Generator().manual_seed(1)
+    n, k = 200, 300  # partial blocks on both sides
+    x = torch.randn(3, k, generator=g).to(torch.bfloat16)
+    w = quantize_fp8(torch.randn(n, k, generator=g)).weight
+    blocks = torch.rand(2, 3, generator=g) + 0.5
+    full = blocks.double()[torch.arange(n) // 128][:, torch.arange(k) // 128]
+    ref = x.double() @ (w.double() * full).t()
+    assert _rel(fp8_linear(x, w, blocks), ref) < 1e-2
+    assert reference.is_block_scale(blocks, n, k) and not reference.is_block_scale(torch.ones(n, 1), n, k)
+    with pytest.raises(ValueError, match="128x128"):
+        fp8_linear(x, w, torch.ones(3, 3))
+    with pytest.raises(ValueError, match="block"):
+        run_path(Fp8Path.SCALED_MM_TENSOR, x, w, blocks)
 
 
 def test_static_path_needs_input_scale() -> None:
@@ -173,6 +203,35 @@ _INTERPRETED = textwrap.dedent(
     xp = torch.randn(t * top, k, generator=g).to(torch.bfloat16)
     out = tk.wo_moe(xp, q.weight, q.scale, ids, x_per_pair=True)
     ref = torch.stack([xp[p].double() @ deq[flat[p]].t() for p in range(t * top)])
+    assert rel(out, ref) < 1e-2
+    from mtpconv.kernels import triton_moe as tm, triton_skinny as ts
+
+    # skinny GEMM: one-token FMA (bf16) and fp16 tl.dot, with and without split-K,
+    # every scale layout
+    for m, n, k, dtype, progs in [(1, 48, 256, torch.bfloat16, 1), (1, 40, 1000, torch.bfloat16, 64),
+                                  (3, 40, 300, torch.float16, 64), (17, 32, 272, torch.float16, 1)]:
+        x = torch.randn(m, k, generator=g).to(dtype)
+        q = quantize_fp8(torch.randn(n, k, generator=g))
+        rows = torch.rand(n, generator=g) + 0.5
+        blocks = torch.rand(-(-n // 128), -(-k // 128), generator=g) + 0.5
+        bias = torch.randn(n, generator=g).to(dtype)
+        for scale, b in ((q.scale, None), (rows, bias), (blocks, bias)):
+            y = ts.skinny_linear(x, q.weight, scale, b, config=ts.Config(m > 1, 16, 64, 4, 2, progs))
+            assert rel(y, reference.dequant_linear(x, q.weight, scale, b)) < 1e-2, (m, n, k, progs)
+    # grouped experts (fp16 tl.dot), SiLU * up fused and routing weights
+    q = quantize_fp8(torch.randn(e, n, k, generator=g))
+    deq = q.weight.double() * q.scale.double()[:, None, None]
+    ids = torch.stack([torch.randperm(e, generator=g)[:top] for _ in range(t)])
+    flat = ids.reshape(-1)
+    x = torch.randn(t, k, generator=g).to(torch.float16)
+    out = tm.moe_grouped(x, q.weight, q.scale, ids, x_per_pair=False, config=(16, 32, 4, 2, True))
+    assert rel(out, torch.stack([x[p // top].double() @ deq[flat[p]].t() for p in range(t * top)])) < 1e-2
+    xp = torch.randn(t * top, 2 * k, generator=g).to(torch.float16)
+    rw = torch.rand(t, top, generator=g).to(torch.float16)
+    out = tm.moe_grouped(xp, q.weight, q.scale, ids, x_per_pair=True, act=True, route_w=rw,
+                         config=(16, 32, 4, 2, True))
+    act = torch.nn.functional.silu(xp[:, :k].double()) * xp[:, k:].double()
+    ref = torch.stack([act[p] @ deq[flat[p]].t() * rw.reshape(-1)[p].double() for p in range(t * top)])
     assert rel(out, ref) < 1e-2
     print("interpreted kernels ok")
     """

@@ -8,6 +8,7 @@ for code that ``torch.compile`` traces.
 
 from mtpconv.kernels.linear import (
     FUSED_PER_ROW_MAX_TOKENS,
+    SKINNY_MAX_TOKENS,
     WO_MAX_TOKENS,
     Fp8Path,
     available_paths,
@@ -20,6 +21,7 @@ from mtpconv.kernels.op import fp8_linear_op
 
 __all__ = [
     "FUSED_PER_ROW_MAX_TOKENS",
+    "SKINNY_MAX_TOKENS",
     "WO_MAX_TOKENS",
     "Fp8Path",
     "available_paths",

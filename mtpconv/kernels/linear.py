@@ -2,6 +2,12 @@
 
 Paths (``Fp8Path``), all computing ``x @ (w_fp8 * w_scale).T + bias``:
 
+``wo_skinny``
+    Weight-only split-K skinny GEMM (``triton_skinny``): reads BF16/FP16
+    activations directly (no activation-quantization kernel), one launch,
+    every weight-scale layout (per tensor, per channel, 128x128 blocks).
+    The default for up to ``SKINNY_MAX_TOKENS`` tokens on sm_89+ GPUs, and for
+    block scales at any token count.
 ``scaled_mm_fused``
     Dynamic per-tensor activation scale computed and applied in ONE Triton
     kernel, then per-tensor ``torch._scaled_mm`` (a per-row weight scale is
@@ -45,12 +51,14 @@ from mtpconv.kernels import reference
 # row-wise ``torch._scaled_mm`` beyond.
 WO_MAX_TOKENS = 1
 FUSED_PER_ROW_MAX_TOKENS = 16
+SKINNY_MAX_TOKENS = 16
 _ENV_FORCE = "MTPCONV_FP8_PATH"
 
 
 class Fp8Path(str, Enum):
     """The FP8 linear implementations this package can run."""
 
+    WO_SKINNY = "wo_skinny"
     SCALED_MM_FUSED = "scaled_mm_fused"
     WO_TRITON = "wo_triton"
     SCALED_MM_TOKEN = "scaled_mm_token"
@@ -82,13 +90,20 @@ def _fp8_mma(device: torch.device) -> bool:
     return device.type == "cuda" and _capability(device.index or 0) >= (8, 9)
 
 
-def available_paths(device: torch.device, *, static_scale: bool = False) -> list[Fp8Path]:
+def available_paths(
+    device: torch.device, *, static_scale: bool = False, block_scale: bool = False
+) -> list[Fp8Path]:
     """Paths that can run on ``device`` (the order carries no preference)."""
     paths = [Fp8Path.DEQUANT]
     if device.type != "cuda":
         return paths
     if triton_available():
+        paths.append(Fp8Path.WO_SKINNY)
+        if block_scale:  # only the skinny kernel and the reference apply 128x128 blocks
+            return paths
         paths.append(Fp8Path.WO_TRITON)
+    elif block_scale:
+        return paths
     if _fp8_mma(device):
         paths += [Fp8Path.SCALED_MM_TOKEN_TORCH, Fp8Path.SCALED_MM_TENSOR]
         if triton_available():
@@ -104,6 +119,7 @@ def select_path(
     *,
     static_scale: bool = False,
     per_row_scale: bool = False,
+    block_scale: bool = False,
 ) -> Fp8Path:
     """The fastest measured path for ``tokens`` rows on ``device``.
 
@@ -113,16 +129,20 @@ def select_path(
     forced = os.environ.get(_ENV_FORCE)
     if forced:
         path = Fp8Path(forced)
-        if path not in available_paths(device, static_scale=static_scale):
+        if path not in available_paths(device, static_scale=static_scale, block_scale=block_scale):
             raise ValueError(f"{_ENV_FORCE}={forced} cannot run on {device}")
         return path
     if device.type != "cuda":
         return Fp8Path.DEQUANT
     triton = triton_available()
+    if block_scale:
+        return Fp8Path.WO_SKINNY if triton else Fp8Path.DEQUANT
     if not _fp8_mma(device):  # no FP8 tensor cores (before sm_89)
         return Fp8Path.WO_TRITON if triton else Fp8Path.DEQUANT
     if not triton:
         return Fp8Path.SCALED_MM_TOKEN_TORCH if per_row_scale else Fp8Path.SCALED_MM_TENSOR
+    if tokens <= SKINNY_MAX_TOKENS and not static_scale:
+        return Fp8Path.WO_SKINNY
     if per_row_scale:
         if tokens <= WO_MAX_TOKENS:
             return Fp8Path.WO_TRITON
@@ -159,6 +179,13 @@ def run_path(
     """Run one named path (no selection). Shapes: ``x [..., K]``, ``w_fp8 [N, K]``."""
     if path is Fp8Path.DEQUANT:
         return reference.dequant_linear(x, w_fp8, w_scale, bias)
+    if path is Fp8Path.WO_SKINNY:
+        from mtpconv.kernels import triton_skinny
+
+        out: torch.Tensor = triton_skinny.skinny_linear(x, w_fp8, w_scale, bias)
+        return out
+    if reference.is_block_scale(w_scale, *w_fp8.shape):
+        raise ValueError(f"{path.value} does not take 128x128 block scales")
     if path is Fp8Path.WO_TRITON:
         y: torch.Tensor = _triton().wo_linear(x, w_fp8, w_scale, bias)
         return y
@@ -224,8 +251,9 @@ def fp8_linear(
 
     ``x``: ``[..., K]`` bf16/fp16 (float32 works on the ``dequant`` path);
     ``w_fp8``: ``[N, K]`` float8_e4m3fn, row-major; ``w_scale``: float32 0-d
-    (per-tensor) or ``[N]`` (per output row, e.g. fused q/k/v with one scale
-    per shard expanded to rows); ``bias``: ``[N]`` or None. Returns
+    (per-tensor), ``[N]`` (per output row, e.g. fused q/k/v with one scale
+    per shard expanded to rows) or ``[ceil(N/128), ceil(K/128)]`` (one per
+    128x128 block); ``bias``: ``[N]`` or None. Returns
     ``[..., N]`` in ``x.dtype``. Safe inside CUDA graph capture (no host
     sync, no data-dependent choice).
     """
@@ -233,14 +261,18 @@ def fp8_linear(
         raise TypeError(f"fp8_linear needs a float8_e4m3fn weight, got {w_fp8.dtype}")
     if w_fp8.dim() != 2 or x.shape[-1] != w_fp8.shape[1]:
         raise ValueError(f"fp8_linear shapes do not match: x {tuple(x.shape)}, weight {tuple(w_fp8.shape)}")
-    if w_scale.numel() not in (1, w_fp8.shape[0]):
-        raise ValueError(f"w_scale must be 0-d or [{w_fp8.shape[0]}], got shape {tuple(w_scale.shape)}")
+    n, k = w_fp8.shape
+    block = reference.is_block_scale(w_scale, n, k)
+    if not block and w_scale.numel() not in (1, n):
+        raise ValueError(f"w_scale must be 0-d, [{n}] or [{-(-n // 128)}, {-(-k // 128)}] (128x128 "
+                         f"blocks), got shape {tuple(w_scale.shape)}")  # fmt: skip
     if path is None:
         tokens = x.numel() // max(x.shape[-1], 1)
         path = select_path(
             x.device,
             tokens,
-            static_scale=input_scale is not None,
-            per_row_scale=w_scale.numel() > 1,
+            static_scale=input_scale is not None and not block,
+            per_row_scale=w_scale.numel() > 1 and not block,
+            block_scale=block,
         )
     return run_path(path, x, w_fp8, w_scale, bias, input_scale=input_scale)

@@ -3,9 +3,11 @@
 Everything here runs on any device torch supports. ``dequant_linear`` is the
 reference semantics of every path in this package::
 
-    y = x @ (w_fp8.float() * w_scale).T + bias      (w_scale 0-d or [N])
+    y = x @ (w_fp8.float() * w_scale).T + bias
 
-computed in float32 and cast to ``x.dtype``.
+with ``w_scale`` 0-d (per tensor), ``[N]`` (per output channel) or
+``[ceil(N/128), ceil(K/128)]`` (one per 128x128 block), computed in float32
+and cast to ``x.dtype``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,21 @@ import torch
 from mtpconv.formats.fp8 import FP8_DTYPE, FP8_MAX
 
 _TINY = torch.finfo(torch.float32).tiny
+
+
+BLOCK = 128  # side of a weight-scale block
+
+
+def is_block_scale(w_scale: torch.Tensor, n: int, k: int) -> bool:
+    """Whether ``w_scale`` is one scale per 128x128 block of an ``[n, k]`` weight."""
+    nb, kb = -(-n // BLOCK), -(-k // BLOCK)
+    return w_scale.dim() == 2 and tuple(w_scale.shape) == (nb, kb) != (n, 1)
+
+
+def expand_block_scale(w_scale: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """``[ceil(n/128), ceil(k/128)]`` block scales as a float32 ``[n, k]`` tensor."""
+    s = w_scale.to(torch.float32)
+    return s.repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
 
 
 def _row_scale(w_scale: torch.Tensor) -> torch.Tensor:
@@ -29,8 +46,13 @@ def dequant_linear(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reference FP8 weight-only linear in float32 (slow: upcasts the weight)."""
-    y = x.to(torch.float32) @ w_fp8.to(torch.float32).t()
-    y = y * _row_scale(w_scale)
+    n, k = w_fp8.shape
+    if is_block_scale(w_scale, n, k):
+        w32 = w_fp8.to(torch.float32) * expand_block_scale(w_scale, n, k)
+        y = x.to(torch.float32) @ w32.t()
+    else:
+        y = x.to(torch.float32) @ w_fp8.to(torch.float32).t()
+        y = y * _row_scale(w_scale)
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(x.dtype)

@@ -1,0 +1,228 @@
+"""Triton kernels for routed experts (CUDA only; imported lazily).
+
+* ``moe_grouped``: one program per (output tile, hit expert) reads that
+  expert's weight tile ONCE for all the tokens routed to it (up to 64 tokens
+  per expert with ``tl.dot``); no sort and no host sync: each program finds
+  whether it is its expert's first (token, expert) pair among all pairs and
+  gathers the expert's tokens itself. Optionally fuses SiLU(gate) * up into
+  the load of the down projection's input and the routing weight into the
+  epilogue. Weights ``[E, N, K]``: FP8 with one scale per expert, or BF16.
+* ``wo_moe``: one GEMV per (token, expert) pair (re-reads an expert for every
+  token routed to it); kept as the measured baseline.
+"""
+
+# Triton kernels are untyped by nature; the Python wrappers below are typed.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def,misc"
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _gemv_config(n: int, k: int) -> tuple[int, int, int]:
+    """BLOCK_N, BLOCK_K, num_warps of the per-pair GEMV (as ``triton_fp8.wo_linear``'s)."""
+    if n >= 12288 and k >= 512:
+        return 16, 512, 4
+    return 4, min(2048, triton.next_power_of_2(k)), 8
+
+
+@triton.jit
+def _wo_moe_kernel(
+    x_ptr, w_ptr, s_ptr, ids_ptr, o_ptr,
+    N, K, TOPK,
+    stride_xm, stride_we, stride_wn, stride_om,
+    X_PER_PAIR: tl.constexpr, HAS_SCALE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pair = tl.program_id(1)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    if X_PER_PAIR:  # noqa: SIM108 - constexpr branch, kept as a statement for Triton
+        row = pair
+    else:
+        row = pair // TOPK
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < N
+    x_ptrs = x_ptr + row * stride_xm + offs_k
+    w_ptrs = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :]
+    # A [BLOCK_N] accumulator (reduced every step) keeps registers low, so many
+    # programs stay resident and many weight bytes are in flight per SM.
+    out = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            x = tl.load(x_ptrs).to(tl.float32)
+            w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
+        else:
+            mask_k = (k0 + offs_k) < K
+            x = tl.load(x_ptrs, mask=mask_k, other=0.0).to(tl.float32)
+            w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+        out += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_SCALE:
+        out = out * tl.load(s_ptr + expert)
+    tl.store(o_ptr + pair * stride_om + offs_n, out.to(o_ptr.dtype.element_ty), mask=mask_n)
+
+
+def wo_moe(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor | None,
+    topk_ids: torch.Tensor,
+    *,
+    x_per_pair: bool,
+) -> torch.Tensor:
+    """Routed-expert GEMVs: output ``[T*topk, N]``, row ``p`` = x_row @ W[ids[p]].T * s.
+
+    ``w`` is ``[E, N, K]`` (FP8 with ``w_scale`` ``[E]``, or BF16 with ``None``).
+    ``x`` is ``[T, K]`` indexed by ``p // topk``, or ``[T*topk, K]`` when
+    ``x_per_pair`` (the down projection's input).
+    """
+    ids = topk_ids.reshape(-1)
+    pairs = ids.numel()
+    topk = topk_ids.shape[-1]
+    _, n, k = w.shape
+    out = torch.empty((pairs, n), dtype=x.dtype, device=x.device)
+    block_n, block_k, warps = _gemv_config(n * pairs, k)
+    grid = (triton.cdiv(n, block_n), pairs)
+    _wo_moe_kernel[grid](
+        x, w, w_scale if w_scale is not None else ids, ids, out, n, k, topk,
+        x.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        X_PER_PAIR=x_per_pair, HAS_SCALE=w_scale is not None,
+        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
+        num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _moe_grouped_kernel(
+    x_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, o_ptr,
+    N, K, TOPK, PAIRS,
+    stride_xm, stride_we, stride_wn, stride_om,
+    X_PER_PAIR: tl.constexpr, ACT: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_RW: tl.constexpr,
+    PAIRS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    # DOT=False (one token per expert at most, BLOCK_M == 1): FMA on CUDA cores with a
+    # 2-D accumulator reduced once at the end, as the skinny GEMM does at one token.
+    pid_n = tl.program_id(0)
+    pair = tl.program_id(1)
+    expert = tl.load(ids_ptr + pair)
+    offs_p = tl.arange(0, PAIRS_PAD)
+    all_ids = tl.load(ids_ptr + offs_p, mask=offs_p < PAIRS, other=-1)
+    same = all_ids == expert
+    earlier = tl.sum((same & (offs_p < pair)).to(tl.int32), axis=0)
+    if earlier == 0:  # this pair is its expert's first: it serves all of the expert's tokens
+        pos = tl.cumsum(same.to(tl.int32), axis=0) - 1
+        slots = tl.arange(0, BLOCK_M)
+        hit = same[None, :] & (pos[None, :] == slots[:, None])
+        slot_pair = tl.sum(tl.where(hit, offs_p[None, :], 0), axis=1)
+        valid = slots < tl.sum(same.to(tl.int32), axis=0)
+        if X_PER_PAIR:  # noqa: SIM108 - constexpr branch, kept as a statement for Triton
+            rows = slot_pair
+        else:
+            rows = slot_pair // TOPK
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        mask_n = offs_n < N
+        w_ptrs = (w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None] * stride_wn
+                  + offs_k[None, :])  # fmt: skip
+        x_ptrs = x_ptr + rows[None, :] * stride_xm + offs_k[:, None]
+        if DOT:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0, eviction_policy="evict_first")
+                xmask = valid[None, :]
+            else:
+                mask_k = (k0 + offs_k) < K
+                w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0,
+                            eviction_policy="evict_first")  # fmt: skip
+                xmask = valid[None, :] & mask_k[:, None]
+            if ACT:  # the input holds [gate | up]: feed SiLU(gate) * up
+                g = tl.load(x_ptrs, mask=xmask, other=0.0).to(tl.float32)
+                u = tl.load(x_ptrs + K, mask=xmask, other=0.0).to(tl.float32)
+                xt = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
+            else:
+                xt = tl.load(x_ptrs, mask=xmask, other=0.0)
+            if DOT:
+                acc = tl.dot(w.to(xt.dtype), xt, acc)
+            else:
+                acc2 += w.to(tl.float32) * tl.reshape(xt.to(tl.float32), (1, BLOCK_K))
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+        if not DOT:
+            acc = tl.reshape(tl.sum(acc2, axis=1), (BLOCK_N, 1))
+        if HAS_SCALE:
+            acc = acc * tl.load(s_ptr + expert)
+        if HAS_RW:
+            acc = acc * tl.load(rw_ptr + slot_pair, mask=valid, other=0.0).to(tl.float32)[None, :]
+        o_ptrs = o_ptr + slot_pair[None, :] * stride_om + offs_n[:, None]
+        tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=mask_n[:, None] & valid[None, :])
+
+
+GROUPED_MAX_TOKENS = 64  # tokens per launch the grouped kernel takes (one tile of tl.dot)
+
+
+def default_config(tokens: int) -> tuple[int, int, int, int, bool]:
+    """Best measured ``(BLOCK_N, BLOCK_K, warps, stages, dot)`` on the H200 (--sweep)."""
+    if tokens == 1:
+        return 16, 256, 4, 3, False
+    return 64, 128, 4, 3, True
+
+
+def moe_grouped(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor | None,
+    topk_ids: torch.Tensor,
+    *,
+    x_per_pair: bool,
+    act: bool = False,
+    route_w: torch.Tensor | None = None,
+    config: tuple[int, int, int, int, bool] | None = None,
+) -> torch.Tensor:
+    """Routed experts, each hit expert read once: output ``[T*topk, N]`` (row = pair).
+
+    Row ``p`` = ``f(x_row) @ W[ids[p]].T * s[ids[p]] * route_w[p]``, with x_row
+    ``x[p // topk]`` (or ``x[p]`` when ``x_per_pair``) and ``f`` SiLU(gate) * up
+    of a ``[.., 2K]`` row when ``act``, else the identity. ``topk_ids`` ``[T, topk]``
+    (each token names an expert at most once, as top-k gives); ``route_w``
+    ``[T, topk]`` or None. ``config``: ``(BLOCK_N, BLOCK_K, warps, stages, dot)``
+    (``dot`` False needs one token).
+    """
+    ids = topk_ids.reshape(-1)
+    t, topk = topk_ids.shape
+    pairs = ids.numel()
+    _, n, k = w.shape
+    width = 2 * k if act else k
+    if x.shape[-1] != width or x.stride(-1) != 1:
+        raise ValueError(f"moe_grouped: x {tuple(x.shape)} does not fit experts {tuple(w.shape)}")
+    if t > GROUPED_MAX_TOKENS:
+        xin = x
+        if act:
+            g, u = x.chunk(2, dim=-1)
+            xin = (torch.nn.functional.silu(g) * u).contiguous()
+        y = wo_moe(xin, w, w_scale, topk_ids, x_per_pair=x_per_pair)
+        return y if route_w is None else y * route_w.reshape(-1, 1).to(y.dtype)
+    out = torch.empty((pairs, n), dtype=x.dtype, device=x.device)
+    block_n, block_k, warps, stages, dot = config if config is not None else default_config(t)
+    dot = dot or t > 1
+    block_m = max(16, triton.next_power_of_2(t)) if dot else 1
+    rw = route_w.reshape(-1).contiguous() if route_w is not None else ids
+    grid = (triton.cdiv(n, block_n), pairs)
+    _moe_grouped_kernel[grid](
+        x, w, w_scale if w_scale is not None else ids, ids, rw, out,
+        n, k, topk, pairs,
+        x.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        X_PER_PAIR=x_per_pair, ACT=act, HAS_SCALE=w_scale is not None, HAS_RW=route_w is not None,
+        PAIRS_PAD=triton.next_power_of_2(pairs), BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, EVEN_K=k % block_k == 0, DOT=dot, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,181 @@
+"""Triton activation-quantization kernels for the W8A8 paths (CUDA only; imported lazily).
+
+* ``quant_per_token``: dynamic per-token FP8 quantization in one kernel (one
+  program per row), optionally folding the weight scale into the row scale so
+  ``torch._scaled_mm`` can run with a unit weight scale.
+* ``quant_per_tensor``: dynamic per-tensor quantization in one launch (one
+  program at decode sizes, a grid barrier above).
+* ``quant_static``: quantization with a given scale.
+
+The weight-only paths (``triton_skinny``, ``triton_fp8.wo_linear``) need none
+of these: they read BF16/FP16 activations directly.
+"""
+
+# Triton kernels are untyped by nature; the Python wrappers below are typed.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def,misc"
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+# Globals read inside @triton.jit functions must be tl.constexpr.
+FP8_MAX = tl.constexpr(448.0)
+# Smallest positive normal float32 (same floor as mtpconv.formats.fp8).
+_TINY = tl.constexpr(1.1754943508222875e-38)
+
+
+@triton.jit
+def _quant_per_token_kernel(
+    x_ptr, q_ptr, s_ptr, ws_ptr,
+    K, stride_xm, stride_qm,
+    HAS_WS: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_K)
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=0)
+    scale = tl.maximum(amax, _TINY) / FP8_MAX
+    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+    tl.store(q_ptr + row * stride_qm + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    if HAS_WS:
+        scale = scale * tl.load(ws_ptr)
+    tl.store(s_ptr + row, scale)
+
+
+@triton.jit
+def _quant_static_kernel(x_ptr, q_ptr, s_ptr, numel, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    q = tl.clamp(x / tl.load(s_ptr), -FP8_MAX, FP8_MAX)
+    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _quant_tensor_kernel(
+    x_ptr, q_ptr, s_ptr, amax_ptr, sync_ptr,
+    numel, chunk,
+    NPROG: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # Dynamic per-tensor quantization in ONE launch. With one program (small
+    # activations: decode) it is a plain two-pass loop. With several, every
+    # program folds its chunk's amax into a global atomic max, waits at a grid
+    # barrier (NPROG is at most the SM count, so all programs are resident),
+    # then quantizes its chunk with the global scale; the last program out
+    # resets the barrier state for the next launch.
+    pid = tl.program_id(0)
+    start = pid * chunk
+    local = tl.zeros((BLOCK,), dtype=tl.float32)
+    for off in range(0, chunk, BLOCK):
+        offs = start + off + tl.arange(0, BLOCK)
+        mask = (offs < numel) & (off + tl.arange(0, BLOCK) < chunk)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        local = tl.maximum(local, tl.abs(x))
+    amax = tl.max(local, axis=0)
+    if NPROG > 1:
+        tl.atomic_max(amax_ptr, amax)
+        arrived = tl.atomic_add(sync_ptr, 1) + 1
+        while arrived < NPROG:
+            arrived = tl.atomic_add(sync_ptr, 0)
+        amax = tl.atomic_max(amax_ptr, 0.0)
+    scale = tl.maximum(amax, _TINY) / FP8_MAX
+    for off in range(0, chunk, BLOCK):
+        offs = start + off + tl.arange(0, BLOCK)
+        mask = (offs < numel) & (off + tl.arange(0, BLOCK) < chunk)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+        tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    if pid == 0:
+        tl.store(s_ptr, scale)
+    if NPROG > 1:
+        departed = tl.atomic_add(sync_ptr + 1, 1) + 1
+        if departed == NPROG:
+            tl.atomic_xchg(amax_ptr, 0.0)
+            tl.atomic_xchg(sync_ptr, 0)
+            tl.atomic_xchg(sync_ptr + 1, 0)
+
+
+def quant_per_token(
+    x: torch.Tensor, w_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token FP8 quantization: ``(q [M, K], scale [M, 1] float32)``.
+
+    With ``w_scale`` (0-d) the returned scale is ``row_scale * w_scale``.
+    """
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m, k = x2.shape
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    block_k = triton.next_power_of_2(k)
+    warps = 4 if block_k <= 2048 else (8 if block_k <= 8192 else 16)
+    _quant_per_token_kernel[(m,)](
+        x2, q, s, w_scale if w_scale is not None else s, k, x2.stride(0), q.stride(0),
+        HAS_WS=w_scale is not None, BLOCK_K=block_k, num_warps=warps,
+    )  # fmt: skip
+    return q, s
+
+
+# Activations up to this many elements are quantized by a single program.
+SINGLE_PROGRAM_MAX = 96 * 1024
+_SYNC: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _sync_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # One barrier state per (device, stream): launches on one stream are ordered.
+    key = (device.index or 0, torch.cuda.current_stream(device).cuda_stream)
+    state = _SYNC.get(key)
+    if state is None:
+        state = (
+            torch.zeros(1, dtype=torch.float32, device=device),
+            torch.zeros(2, dtype=torch.int32, device=device),
+        )
+        _SYNC[key] = state
+    return state
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def quant_per_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-tensor FP8 quantization in one kernel: ``(q [M, K], scale 0-d)``."""
+    xc = x.reshape(-1, x.shape[-1])
+    if not xc.is_contiguous():
+        xc = xc.contiguous()
+    numel = xc.numel()
+    q = torch.empty(xc.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((), dtype=torch.float32, device=x.device)
+    amax, sync = _sync_state(x.device)
+    if numel <= SINGLE_PROGRAM_MAX:
+        # One program, no atomics: cheapest at decode sizes (two passes over
+        # at most 192 KB that the previous kernel just wrote to L2).
+        block = 4096
+        chunk = triton.cdiv(numel, block) * block
+        nprog, warps = 1, 16
+    else:
+        block = 1024
+        per_prog = max(4 * block, triton.cdiv(numel, _sm_count(x.device.index or 0)))
+        chunk = triton.cdiv(per_prog, block) * block
+        nprog, warps = triton.cdiv(numel, chunk), 4
+    _quant_tensor_kernel[(nprog,)](
+        xc, q, s, amax, sync, numel, chunk, NPROG=nprog, BLOCK=block, num_warps=warps
+    )
+    return q, s
+
+
+def quant_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """FP8 quantization of ``x`` with a given float32 scale (one kernel)."""
+    xc = x.reshape(-1, x.shape[-1]).contiguous()
+    q = torch.empty(xc.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    numel = xc.numel()
+    block = 1024
+    _quant_static_kernel[(triton.cdiv(numel, block),)](xc, q, scale, numel, BLOCK=block)
+    return q

@@ -1,0 +1,273 @@
+"""Weight-only FP8 skinny GEMM for decode sizes (Triton, CUDA only; imported lazily).
+
+``skinny_linear(x, w_fp8, w_scale, bias)`` computes ``x @ (w_fp8 * w_scale).T + bias``
+for a few rows of BF16/FP16 activations, reading the activations as they are:
+no activation-quantization kernel, one launch per linear. FP8 weights are
+widened in registers; the weight scale is applied in the epilogue (per tensor:
+0-d; per output channel: ``[N]``) or per 128x128 block (``[ceil(N/128),
+ceil(K/128)]``) on each K step's partial product.
+
+Bytes, not arithmetic, bound these shapes, so the kernel is built to keep many
+weight bytes in flight on every SM:
+
+* split-K: when the output has too few tiles to fill the GPU, each tile's K
+  range is cut into ``SPLIT`` pieces; every piece writes a float32 partial to a
+  workspace and the last piece to arrive (an atomic counter per tile) sums
+  them, applies scale and bias and writes the output, then resets the counter.
+  One launch, no memset, safe in CUDA graphs (launches on one stream are
+  ordered; the workspace is kept per stream and never freed);
+* one token: FMA on CUDA cores with a 2-D accumulator reduced once at the end;
+  two or more: ``tl.dot`` with the weight rows on the MMA's M side and the
+  tokens (padded to 16) on its N side.
+"""
+
+# Triton kernels are untyped by nature; the Python wrappers below are typed.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def,misc"
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from mtpconv.kernels.reference import BLOCK, is_block_scale
+
+SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK = 0, 1, 2
+
+
+@triton.jit
+def _skinny_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, ws_ptr, cnt_ptr,
+    M, N, K, k_per_split, n_split,
+    stride_xm, stride_wn, stride_om, stride_sn,
+    SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, USE_SPLIT: tl.constexpr, DOT: tl.constexpr,
+    MMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    k_start = pid_k * k_per_split
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_start + offs_k)[None, :]
+    if DOT:
+        x_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_start + offs_k)[:, None]
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        x_ptrs = x_ptr + pid_m * stride_xm + k_start + offs_k
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for kk in range(0, k_per_split, BLOCK_K):
+        if EVEN_K:
+            w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0, eviction_policy="evict_first")
+        else:
+            mask_k = (k_start + kk + offs_k) < K
+            w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0,
+                        eviction_policy="evict_first")  # fmt: skip
+        if SCALE == 2:
+            sb = tl.load(s_ptr + (offs_n // 128) * stride_sn + (k_start + kk) // 128, mask=mask_n, other=0.0)
+        if DOT:
+            if EVEN_K:
+                xt = tl.load(x_ptrs, mask=mask_m[None, :], other=0.0)
+            else:
+                xt = tl.load(x_ptrs, mask=mask_m[None, :] & mask_k[:, None], other=0.0)
+            if MMA == 2:  # FP8 MMA: the tile's tokens quantized here, one scale per token
+                xf = xt.to(tl.float32)
+                amax = tl.maximum(tl.max(tl.abs(xf), axis=0), 1e-30)
+                q = (xf * (448.0 / amax)[None, :]).to(tl.float8e4nv)
+                part = tl.dot(w, q) * (amax / 448.0)[None, :]
+                if SCALE == 2:
+                    part = part * sb[:, None]
+                acc += part
+            elif MMA == 1:  # FP16 MMA (e4m3 -> f16 is exact; activations must fit fp16)
+                if SCALE == 2:
+                    acc += tl.dot(w.to(tl.float16), xt.to(tl.float16)) * sb[:, None]
+                else:
+                    acc = tl.dot(w.to(tl.float16), xt.to(tl.float16), acc)
+            elif SCALE == 2:
+                acc += tl.dot(w.to(xt.dtype), xt) * sb[:, None]
+            else:
+                acc = tl.dot(w.to(xt.dtype), xt, acc)
+        else:
+            if EVEN_K:
+                xv = tl.load(x_ptrs).to(tl.float32)
+            else:
+                xv = tl.load(x_ptrs, mask=mask_k, other=0.0).to(tl.float32)
+            if SCALE == 2:
+                acc2 += w.to(tl.float32) * xv[None, :] * sb[:, None]
+            else:
+                acc2 += w.to(tl.float32) * xv[None, :]
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if not DOT:
+        acc = tl.reshape(tl.sum(acc2, axis=1), (BLOCK_N, 1))
+    mask = mask_n[:, None] & mask_m[None, :]
+    tile_off = offs_m[None, :] * N + offs_n[:, None]
+    if USE_SPLIT:
+        tl.store(ws_ptr + pid_k * M * N + tile_off, acc, mask=mask)
+        # Every thread's partial is issued before one thread bumps the counter
+        # (release at GPU scope); the last piece reads the partials from L2.
+        tl.debug_barrier()
+        tile = pid_m * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == n_split - 1:
+            acc = tl.zeros_like(acc)
+            for s in range(0, n_split):
+                acc += tl.load(ws_ptr + s * M * N + tile_off, mask=mask, other=0.0, cache_modifier=".cg")
+            _epilogue(acc, s_ptr, b_ptr, o_ptr, offs_n, offs_m, mask_n, mask, stride_om, SCALE, HAS_BIAS)
+            tl.atomic_xchg(cnt_ptr + tile, 0)
+    else:
+        _epilogue(acc, s_ptr, b_ptr, o_ptr, offs_n, offs_m, mask_n, mask, stride_om, SCALE, HAS_BIAS)
+
+
+@triton.jit
+def _epilogue(acc, s_ptr, b_ptr, o_ptr, offs_n, offs_m, mask_n, mask, stride_om,
+              SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+    if SCALE == 0:
+        acc = acc * tl.load(s_ptr)
+    elif SCALE == 1:
+        acc = acc * tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+    o_ptrs = o_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
+    tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+class Config(NamedTuple):
+    """Launch shape: FMA (one token) or dot, tile sizes, warps, stages, resident programs."""
+
+    dot: bool
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+    programs: int  # programs resident at once: K is split so the work fills whole waves
+    # dot operands: 0 the activation dtype (bf16: slow, measured); 1 fp16 (weight-only
+    # numerics, but activations must fit fp16's range); 2 fp8: each token's 128-wide K
+    # tile quantized in registers with its own scale (W8A8 error, any range).
+    mma: int = 0
+
+
+@functools.lru_cache(maxsize=8)
+def sm_count(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def default_config(m: int, n: int, k: int, sms: int) -> Config:
+    """Rules from the sweep on the H200 (scripts/bench_draft.py --sweep, docs/BENCHMARKS.md).
+
+    One token: FMA on CUDA cores (weight-only numerics). Two or more: FP8 MMA with the
+    activations quantized per (token, 128-wide K tile) in registers, which was within 4%
+    of the best configuration on every 27B / 397B linear (the FP16 MMA was as fast but
+    overflows on activations beyond 65504; the BF16 MMA was 1.5x slower)."""
+    if m == 1:
+        if n * k <= 8 * 2**20:
+            return Config(False, 8, 512, 4, 3, 4 * sms)
+        if k <= 2048 or (n >= 12288 and n * k <= 80 * 2**20):
+            return Config(False, 16, 512, 8, 3, 4 * sms)
+        return Config(False, 16, 256, 4, 3, 8 * sms)
+    return Config(True, 64, 128, 4, 3, 4 * sms, 2)
+
+
+def split_for(tiles: int, k: int, block_k: int, programs: int) -> tuple[int, int]:
+    """``(n_split, k_per_split)``: K pieces (multiples of ``block_k``) so that the
+    ``tiles * n_split`` programs fill whole waves of ``programs`` resident ones: the
+    fewest pieces that use 85% of the wave slots (pieces of >= 4 K steps once the
+    tiles alone fill a wave), else the best use."""
+    steps = triton.cdiv(k, block_k)
+    best = (0.0, 1, steps * block_k)
+    for want in range(1, min(steps, 64) + 1):
+        k_per = triton.cdiv(steps, want) * block_k
+        n_split = triton.cdiv(k, k_per)
+        if want > 1 and tiles >= programs and k_per < 4 * block_k:
+            break
+        units = tiles * n_split
+        use = units / (triton.cdiv(units, programs) * programs)
+        if use > best[0] + 1e-9:
+            best = (use, n_split, k_per)
+        if use >= 0.85:
+            break
+    return best[1], best[2]
+
+
+_WORK: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_KEEP: list[torch.Tensor] = []  # superseded workspaces: a captured graph may still use them
+
+
+def _workspace(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.index or 0, stream)
+    ws, cnt = _WORK.get(key, (None, None))
+    if ws is None or cnt is None or ws.numel() < floats or cnt.numel() < tiles:
+        if ws is not None and cnt is not None:
+            _KEEP.extend((ws, cnt))
+        old_f = ws.numel() if ws is not None else 0
+        old_t = cnt.numel() if cnt is not None else 0
+        ws = torch.empty(max(floats, old_f, 1 << 20), dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(tiles, old_t, 1 << 14), dtype=torch.int32, device=device)
+        _WORK[key] = (ws, cnt)
+    return ws, cnt
+
+
+def scale_kind(w_scale: torch.Tensor, n: int, k: int) -> int:
+    """Which scale layout ``w_scale`` is (raises on any other shape)."""
+    if w_scale.numel() == 1:
+        return SCALE_TENSOR
+    if is_block_scale(w_scale, n, k):
+        return SCALE_BLOCK
+    if w_scale.numel() == n:
+        return SCALE_ROW
+    raise ValueError(f"weight scale of shape {tuple(w_scale.shape)} fits neither 0-d, [{n}] "
+                     f"nor 128x128 blocks of a [{n}, {k}] weight")  # fmt: skip
+
+
+def skinny_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    config: Config | None = None,
+) -> torch.Tensor:
+    """``x @ (w * w_scale).T + bias`` for ``x [..., K]`` (any rows; tuned for 1-16)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m, k = x2.shape
+    n = w.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out.reshape(*x.shape[:-1], n)
+    kind = scale_kind(w_scale, n, k)
+    s = w_scale.to(torch.float32)
+    s = s.reshape(()) if kind == SCALE_TENSOR else (s.reshape(-1) if kind == SCALE_ROW else s)
+    if not s.is_contiguous():
+        s = s.contiguous()
+    sms = sm_count(x.device.index or 0) if x.device.type == "cuda" else 8
+    cfg = config if config is not None else default_config(m, n, k, sms)
+    dot = cfg.dot or m > 1
+    block_k = min(cfg.block_k, BLOCK) if kind == SCALE_BLOCK else cfg.block_k
+    block_m = 1 if not dot else (16 if m <= 16 else (32 if m <= 32 else 64))
+    m_tiles = triton.cdiv(m, block_m)
+    n_tiles = triton.cdiv(n, cfg.block_n)
+    n_split, k_per = split_for(n_tiles * m_tiles, k, max(block_k, BLOCK if kind == SCALE_BLOCK else 1),
+                               cfg.programs)  # fmt: skip
+    if n_split > 1:
+        ws, cnt = _workspace(x.device, n_split * m * n, n_tiles * m_tiles)
+    else:
+        ws, cnt = out, out  # unused pointers
+    _skinny_kernel[(n_tiles, n_split, m_tiles)](
+        x2, w, s, bias if bias is not None else s, out, ws, cnt,
+        m, n, k, k_per, n_split,
+        x2.stride(0), w.stride(0), out.stride(0), s.stride(0) if kind == SCALE_BLOCK else 0,
+        SCALE=kind, HAS_BIAS=bias is not None, USE_SPLIT=n_split > 1, DOT=dot, MMA=cfg.mma if dot else 0,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, EVEN_K=k % k_per == 0,
+        num_warps=cfg.warps, num_stages=cfg.stages,
+    )  # fmt: skip
+    return out.reshape(*x.shape[:-1], n)
