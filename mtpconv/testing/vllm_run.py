@@ -8,33 +8,18 @@ model runner, then shuts it down and returns a plain :class:`Run` record.
 from __future__ import annotations
 
 import gc
-import importlib.util
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
 NUM_SPEC_TOKENS = 2
 MAX_TOKENS = 24
 PROMPTS = [[10, 11, 12], [100, 7, 300], [5], [200, 201, 202, 203, 250], [40, 41]]
-
-
-def planted_builder() -> ModuleType:
-    """``scripts/build_planted_model.py`` as a module (scripts/ is not a package)."""
-    path = REPO / "scripts" / "build_planted_model.py"
-    spec = importlib.util.spec_from_file_location("build_planted_model", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)  # dataclasses look their module up
-    spec.loader.exec_module(sys.modules[spec.name])
-    return sys.modules[spec.name]
 
 
 def quantize_mtp(src: Path, dst: Path, *extra: str) -> Path:
