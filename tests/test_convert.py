@@ -16,7 +16,7 @@ from mtpconv.formats.nvfp4 import dequantize_nvfp4
 from mtpconv.layouts import module_of
 from mtpconv.manifest import read_manifest, verify_files
 from mtpconv.quant_config import declared_format, declared_quant, load_quant_configs
-from tests.factories import Spec, write_checkpoint
+from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import load_tensor, raw_tensors, run_cli, tree_digest
 
 

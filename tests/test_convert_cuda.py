@@ -13,7 +13,7 @@ import torch
 
 from mtpconv.convert import quantize_mtp
 from mtpconv.formats.fp8 import quantize_fp8_checked
-from tests.factories import Spec, write_checkpoint
+from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import raw_tensors
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -14,7 +14,7 @@ from mtpconv.errors import ConversionError
 from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8
 from mtpconv.formats.nvfp4 import dequantize_nvfp4
 from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, read_manifest, verify_files
-from tests.factories import Spec, write_checkpoint
+from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import load_tensor, run_cli
 
 IDS = [0, 1, 2, 5, 17, 100, 200, 255]

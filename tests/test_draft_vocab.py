@@ -26,7 +26,7 @@ from mtpconv.draft_vocab import (
     sidecar_path,
 )
 from mtpconv.errors import DraftVocabError
-from tests.tokenizer_factory import generate_text, write_tiny_tokenizer
+from mtpconv.testing.tokenizers import generate_text, write_tiny_tokenizer
 
 VOCAB = 520  # config.json vocab_size: the 512-token tokenizer padded, as real models pad
 EXTRA_EOS = 96  # "~": an EOS id from generation_config.json, no special token, unseen

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from mtpconv.cli import app, main
 from mtpconv.errors import DraftVocabError
-from tests.tokenizer_factory import generate_text, write_tiny_tokenizer
+from mtpconv.testing.tokenizers import generate_text, write_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

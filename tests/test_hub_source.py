@@ -12,7 +12,7 @@ import pytest
 from mtpconv.convert import quantize_mtp
 from mtpconv.inspect import inspect_checkpoint
 from mtpconv.manifest import read_manifest
-from tests.factories import Spec, write_checkpoint
+from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import HUB_COMMIT, populate_hub_cache, raw_tensors, run_cli
 
 REPO = "acme/tiny-qwen3.5-moe"

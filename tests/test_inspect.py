@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mtpconv.inspect import inspect_checkpoint
-from tests.factories import FAMILIES, Spec, write_checkpoint
+from mtpconv.testing.checkpoints import FAMILIES, Spec, write_checkpoint
 from tests.helpers import run_cli
 
 EXPECTED_DRAFTER_START = {

@@ -26,7 +26,7 @@ import pytest
 from mtpconv.convert import quantize_mtp
 from mtpconv.errors import MtpconvError
 from mtpconv.manifest import read_manifest, verify_files
-from tests.factories import Spec, write_checkpoint
+from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import run_cli, tree_digest
 from tests.test_reliability import snapshot
 
@@ -130,7 +130,7 @@ def vocab_world(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tokenizer checkpoint and a ~25 MB corpus (counting it takes many seconds)."""
     import json
 
-    from tests.tokenizer_factory import generate_text, write_tiny_tokenizer
+    from mtpconv.testing.tokenizers import generate_text, write_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("vocab")
     src = write_tiny_tokenizer(root / "src", vocab_size=300)

@@ -23,9 +23,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mtpconv.convert import quantize_mtp
-from tests.factories import Spec, write_checkpoint
+from mtpconv.testing.checkpoints import Spec, write_checkpoint
+from mtpconv.testing.tokenizers import write_tiny_tokenizer
 from tests.helpers import run_cli
-from tests.tokenizer_factory import write_tiny_tokenizer
 
 INDEX = "model.safetensors.index.json"
 SHARD1 = "model-00001-of-00002.safetensors"

@@ -9,28 +9,18 @@ Skipped as a whole when vLLM is not installed.
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 from pathlib import Path
 
 import pytest
-
-_STUB_SITE = Path(__file__).parent / "_stub_site"
 
 collect_ignore_glob: list[str] = []
 if importlib.util.find_spec("vllm") is None:
     collect_ignore_glob = ["test_*.py"]
 else:
-    # Read at import time by vLLM / huggingface_hub: set before either is imported.
-    for key, value in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
-                       "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():  # fmt: skip
-        os.environ.setdefault(key, value)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(_STUB_SITE), os.environ.get("PYTHONPATH")) if p)
-    sys.path.insert(0, str(_STUB_SITE))
-    import _mtpconv_vllm_test_stub  # noqa: E402
+    # Before vLLM or huggingface_hub is imported: they read their environment once.
+    from mtpconv.testing.vllm_stub import use_in_this_environment
 
-    _mtpconv_vllm_test_stub.apply()
+    use_in_this_environment()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -49,9 +39,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ``next*``: the same in the Qwen3-Next layout. ``*_fp8`` has FP8 drafter linears; ``*_fp8_vocab`` adds a 384-row FP8 draft head
     (ids 0..383), ``*_fp8_vocab_bf16`` the same head in BF16.
     """
-    from tests.vllm._harness import planted_builder, quantize_mtp, write_ids
+    from mtpconv.testing.planted import build_model as build
+    from mtpconv.testing.vllm_run import quantize_mtp, write_ids
 
-    build = planted_builder().build_model
     root = tmp_path_factory.mktemp("vllm_models")
     ids = write_ids(root / "ids.pt", list(range(384)))
     out: dict[str, Path] = {}

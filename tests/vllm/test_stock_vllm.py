@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm._harness import REPO
+REPO = Path(__file__).resolve().parents[2]
 
 _SCRIPT = textwrap.dedent("""
     import sys

@@ -1,4 +1,4 @@
-"""Tiny real checkpoints of every MTP layout (DESIGN §4), for tests and scripts.
+"""Tiny real checkpoints of every MTP layout (DESIGN §4), with random weights.
 
 Each factory writes a genuine Hugging Face checkpoint directory: config.json,
 safetensors shards (+ index when sharded) and, for NVFP4, a ModelOpt
@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from mtpconv.formats.nvfp4 import pack_e2m1_codes
+from mtpconv.testing.layers import Fill, LayerDims, decoder_layer
 
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4exp", "deepseek_v3", "glm4_moe", "mimo")
 
@@ -56,51 +57,25 @@ def _rand(g: torch.Generator, *shape: int, scale: float = 0.05) -> torch.Tensor:
     return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
 
 
-def _attn(p: str, s: Spec, g: torch.Generator, *, gated_q: bool) -> dict[str, torch.Tensor]:
-    q_out = s.heads * s.head_dim * (2 if gated_q else 1)
-    return {
-        f"{p}self_attn.q_proj.weight": _rand(g, q_out, s.hidden),
-        f"{p}self_attn.k_proj.weight": _rand(g, s.kv_heads * s.head_dim, s.hidden),
-        f"{p}self_attn.v_proj.weight": _rand(g, s.kv_heads * s.head_dim, s.hidden),
-        f"{p}self_attn.o_proj.weight": _rand(g, s.hidden, s.heads * s.head_dim),
-        f"{p}self_attn.q_norm.weight": torch.ones(s.head_dim, dtype=torch.bfloat16),
-        f"{p}self_attn.k_norm.weight": torch.ones(s.head_dim, dtype=torch.bfloat16),
-    }
+_NORMS = frozenset({"input_layernorm", "post_attention_layernorm", "q_norm", "k_norm"})
 
 
-def _mlp(p: str, s: Spec, g: torch.Generator, *, moe: bool, shared: str) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    if not moe:
-        out[f"{p}mlp.gate_proj.weight"] = _rand(g, s.intermediate, s.hidden)
-        out[f"{p}mlp.up_proj.weight"] = _rand(g, s.intermediate, s.hidden)
-        out[f"{p}mlp.down_proj.weight"] = _rand(g, s.hidden, s.intermediate)
-        return out
-    out[f"{p}mlp.gate.weight"] = _rand(g, s.experts, s.hidden)
-    if s.fused_experts:
-        out[f"{p}mlp.experts.gate_up_proj"] = _rand(g, s.experts, 2 * s.intermediate, s.hidden)
-        out[f"{p}mlp.experts.down_proj"] = _rand(g, s.experts, s.hidden, s.intermediate)
-    else:
-        for e in range(s.experts):
-            out[f"{p}mlp.experts.{e}.gate_proj.weight"] = _rand(g, s.intermediate, s.hidden)
-            out[f"{p}mlp.experts.{e}.up_proj.weight"] = _rand(g, s.intermediate, s.hidden)
-            out[f"{p}mlp.experts.{e}.down_proj.weight"] = _rand(g, s.hidden, s.intermediate)
-    out[f"{p}mlp.{shared}.gate_proj.weight"] = _rand(g, s.intermediate, s.hidden)
-    out[f"{p}mlp.{shared}.up_proj.weight"] = _rand(g, s.intermediate, s.hidden)
-    out[f"{p}mlp.{shared}.down_proj.weight"] = _rand(g, s.hidden, s.intermediate)
-    if shared == "shared_expert":
-        out[f"{p}mlp.shared_expert_gate.weight"] = _rand(g, 1, s.hidden)
-    return out
+def _random_fill(g: torch.Generator) -> Fill:
+    def fill(leaf: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.ones(*shape, dtype=torch.bfloat16) if leaf in _NORMS else _rand(g, *shape)
+
+    return fill
 
 
 def _layer(p: str, s: Spec, g: torch.Generator, *, moe: bool) -> dict[str, torch.Tensor]:
     qwen = s.family.startswith(("qwen3_5", "qwen3_next", "qwen4exp"))
-    out = {
-        f"{p}input_layernorm.weight": torch.ones(s.hidden, dtype=torch.bfloat16),
-        f"{p}post_attention_layernorm.weight": torch.ones(s.hidden, dtype=torch.bfloat16),
-    }
-    out.update(_attn(p, s, g, gated_q=qwen))
-    out.update(_mlp(p, s, g, moe=moe, shared="shared_expert" if qwen else "shared_experts"))
-    return out
+    dims = LayerDims(
+        hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
+        intermediate=s.intermediate, experts=s.experts if moe else 0,
+        expert_intermediate=s.intermediate, shared_intermediate=s.intermediate, gated_q=qwen,
+        shared_name="shared_expert" if qwen else "shared_experts", fused_experts=s.fused_experts,
+    )  # fmt: skip
+    return decoder_layer(p, dims, _random_fill(g))
 
 
 def _norm(s: Spec) -> torch.Tensor:
