@@ -239,14 +239,13 @@ def build_draft_vocab_cmd(
     """Count token frequencies with the checkpoint's tokenizer; keep the top-K ids."""
     from rich.table import Table
 
-    from mtpconv.draft_vocab import build_draft_vocab, resolve_tokenizer_source
+    from mtpconv.commands.build_draft_vocab import build_draft_vocab
 
-    directory, described = resolve_tokenizer_source(source, revision)
     with console.byte_progress() as progress:
         r = build_draft_vocab(
-            directory, corpus, size, output, text_field=text_field, max_tokens=max_tokens,
-            eval_corpora=eval_corpus or (), balance_tp=balance_tp, plot=plot,
-            progress=progress, source_description=described,
+            source, corpus, size, output, revision=revision, text_field=text_field,
+            max_tokens=max_tokens, eval_corpora=eval_corpus or (), balance_tp=balance_tp,
+            plot=plot, progress=progress,
         )  # fmt: skip
     if as_json:
         console.emit_json(r.to_dict())

@@ -261,7 +261,7 @@ def quantize_mtp(
     ids = None
     vocab_meta: dict[str, Any] = {}
     if draft_vocab is not None:
-        from mtpconv.draft_vocab import load_draft_vocab_ids, sidecar_path
+        from mtpconv.formats.draft_ids import load_draft_vocab_ids, sidecar_path
 
         if layout.vocab_size is None:
             raise ConversionError("config.json has no vocab_size; cannot check the draft vocab ids.")

@@ -82,6 +82,15 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return sub if isinstance(sub, Mapping) else config
 
 
+def vocab_size_of(config: Mapping[str, Any]) -> int | None:
+    """Rows of the model's LM head: the text model's ``vocab_size``, else the top level's.
+
+    The one lookup order: quantize-mtp's layout and build-draft-vocab both use it, so
+    an ids file one accepts the other accepts too.
+    """
+    return _int(text_config(config), "vocab_size") or _int(config, "vocab_size")
+
+
 def _int(cfg: Mapping[str, Any], *keys: str) -> int | None:
     for key in keys:
         value = cfg.get(key)
@@ -217,7 +226,7 @@ def detect_layout(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo]) 
         lm_head=lm_head,
         tie_word_embeddings=tie,
         hidden_size=_int(tcfg, "hidden_size"),
-        vocab_size=_int(tcfg, "vocab_size") or _int(config, "vocab_size"),
+        vocab_size=vocab_size_of(config),
         num_experts=_int(tcfg, "num_experts", "n_routed_experts"),
         experts_per_token=_int(tcfg, "num_experts_per_tok"),
     )

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from mtpconv.commands.build_draft_vocab import build_draft_vocab
 from mtpconv.corpus import discover_corpus_files, iter_text_batches
-from mtpconv.draft_vocab import build_draft_vocab
 
 
 def _stdlib_documents() -> list[str]:

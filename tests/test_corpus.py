@@ -53,12 +53,21 @@ def test_jsonl_text_field_and_chat_messages(tmp_path: Path) -> None:
     rows = [
         {"text": "plain", "id": 1},
         {"text": None},
-        {"messages": [{"role": "user", "content": "hi"},
-                      {"role": "assistant", "content": [{"type": "text", "text": "a"},
-                                                        {"type": "image", "url": "x"},
-                                                        {"type": "text", "text": "b"}]},
-                      {"role": "tool", "content": None}]},
-    ]  # fmt: skip
+        {
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "text", "text": "a"},
+                        {"type": "image", "url": "x"},
+                        {"type": "text", "text": "b"},
+                    ],
+                },
+                {"role": "tool", "content": None},
+            ]
+        },
+    ]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     assert _texts(_one(p)) == ["plain", "hi", "a", "b"]
 
@@ -114,8 +123,7 @@ def test_directory_sorted_recursive_filtered(tmp_path: Path) -> None:
     (tmp_path / ".hidden").mkdir()
     (tmp_path / ".hidden" / "h.txt").write_text("h\n")
     files = discover_corpus_files([tmp_path])
-    assert [f.path.relative_to(tmp_path).as_posix() for f in files] == [
-        "a.jsonl", "b/y.parquet", "b/z.txt"]  # fmt: skip
+    assert [f.path.relative_to(tmp_path).as_posix() for f in files] == ["a.jsonl", "b/y.parquet", "b/z.txt"]
 
 
 def test_missing_path_and_empty_directory(tmp_path: Path) -> None:

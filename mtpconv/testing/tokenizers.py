@@ -79,11 +79,16 @@ def write_tiny_tokenizer(
     tokenizer.train_from_iterator(corpus, trainer=trainer)
     tokenizer.save(str(directory / "tokenizer.json"))
     added = {
-        str(tokenizer.token_to_id(tok)): {"content": tok, "special": True, "lstrip": False,
-                                          "rstrip": False, "normalized": False,
-                                          "single_word": False}
+        str(tokenizer.token_to_id(tok)): {
+            "content": tok,
+            "special": True,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "single_word": False,
+        }
         for tok in special_tokens
-    }  # fmt: skip
+    }
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": 4096,

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from mtpconv.checkpoint.digests import sha256_file
-from mtpconv.errors import ManifestError
+from mtpconv.errors import DraftVocabError, ManifestError
+from mtpconv.formats.draft_ids import load_draft_vocab_ids
 from mtpconv.manifest import MANIFEST_NAME, Manifest, read_manifest
 from mtpconv.names import drafter_name
 
@@ -83,7 +84,8 @@ def _ensure_file(model_dir: Path, model: str, rel: str, revision: str | None) ->
 
 
 def load_draft_ids(path: Path, expected_sha256: str, vocab_size: int) -> torch.Tensor:
-    """The draft vocabulary ids: sha256 checked, loaded without executing pickles."""
+    """The draft vocabulary ids: sha256 checked against the manifest, then the one
+    ids-file validator (:func:`~mtpconv.formats.draft_ids.load_draft_vocab_ids`)."""
     if not path.is_file():
         raise ManifestError(f"{path} is listed in {MANIFEST_NAME} but missing; "
                             "re-run `mtpconv quantize-mtp` or copy the whole variant.")  # fmt: skip
@@ -91,14 +93,10 @@ def load_draft_ids(path: Path, expected_sha256: str, vocab_size: int) -> torch.T
     if digest != expected_sha256:
         raise ManifestError(f"{path} has sha256 {digest}, but {MANIFEST_NAME} records "
                             f"{expected_sha256}; the variant was modified after conversion.")  # fmt: skip
-    ids = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64:
-        raise ManifestError(f"{path} must hold a 1-D int64 tensor of token ids.")
-    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
-        raise ManifestError(f"{path} holds ids outside [0, {vocab_size}).")
-    if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
-        raise ManifestError(f"{path} must be sorted ascending without duplicates.")
-    return ids
+    try:
+        return load_draft_vocab_ids(path, vocab_size)
+    except DraftVocabError as exc:  # the plugin reports every variant fault as a manifest fault
+        raise ManifestError(str(exc)) from exc
 
 
 def draft_vocab_enabled() -> bool:

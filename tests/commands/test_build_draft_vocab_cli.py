@@ -29,6 +29,11 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
+def _cmd(*args: object) -> list[str]:
+    """``build-draft-vocab`` and its arguments as strings."""
+    return ["build-draft-vocab", *map(str, args)]
+
+
 def _run_main(args: list[str]) -> tuple[int, str, str]:
     """Run the console-script entry point (which maps errors to one line) in isolation."""
     runner = CliRunner()
@@ -43,9 +48,8 @@ def _run_main(args: list[str]) -> tuple[int, str, str]:
 
 def test_json_output(source: Path, corpus: Path, tmp_path: Path) -> None:
     out = tmp_path / "ids.pt"
-    result = CliRunner().invoke(app, ["build-draft-vocab", str(source), "--corpus", str(corpus),
-                                      "--size", "64", "-o", str(out), "--eval-corpus",
-                                      str(corpus), "--json"])  # fmt: skip
+    args = _cmd(source, "--corpus", corpus, "--size", "64", "-o", out, "--eval-corpus", corpus, "--json")
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["size"] == 64 and doc["output"] == str(out)
@@ -54,9 +58,8 @@ def test_json_output(source: Path, corpus: Path, tmp_path: Path) -> None:
 
 
 def test_table_output(source: Path, corpus: Path, tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["build-draft-vocab", str(source), "--corpus", str(corpus),
-                                      "--size", "32", "-o", str(tmp_path / "ids.pt"),
-                                      "--balance-tp", "2"])  # fmt: skip
+    args = _cmd(source, "--corpus", corpus, "--size", "32", "-o", tmp_path / "ids.pt", "--balance-tp", "2")
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "Coverage of" in result.stdout and "32 (K)" in result.stdout
     assert f"Wrote {tmp_path / 'ids.pt'} (32 of 512 ids" in result.stdout
@@ -66,30 +69,27 @@ def test_default_output_name(
     source: Path, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(
-        app, ["build-draft-vocab", str(source), "--corpus", str(corpus), "--size", "16"]
-    )
+    result = CliRunner().invoke(app, _cmd(source, "--corpus", corpus, "--size", "16"))
     assert result.exit_code == 0, result.output
     assert (tmp_path / "mtp_draft_vocab_ids.pt").exists()
 
 
 def test_bad_input_exit_1(source: Path, corpus: Path, tmp_path: Path) -> None:
-    args = ["build-draft-vocab", str(source), "--corpus", str(corpus), "--size", "30",
-            "-o", str(tmp_path / "ids.pt"), "--balance-tp", "4"]  # fmt: skip
+    args = _cmd(source, "--corpus", corpus, "--size", "30", "-o", tmp_path / "ids.pt", "--balance-tp", "4")
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1 and isinstance(result.exception, DraftVocabError)
     code, out, err = _run_main(args)
     assert code == 1 and out == ""
     assert err.strip().splitlines() == [
-        "Error: --size 30 is not divisible by --balance-tp 4; pick a multiple of 4."]  # fmt: skip
+        "Error: --size 30 is not divisible by --balance-tp 4; pick a multiple of 4."
+    ]
     assert not (tmp_path / "ids.pt").exists()
 
 
 def test_binary_corpus_one_error_line(source: Path, tmp_path: Path) -> None:
     blob = tmp_path / "blob.txt"
     blob.write_bytes(bytes(range(256)) * 4)
-    code, _, err = _run_main(["build-draft-vocab", str(source), "--corpus", str(blob),
-                              "--size", "16", "-o", str(tmp_path / "ids.pt")])  # fmt: skip
+    code, _, err = _run_main(_cmd(source, "--corpus", blob, "--size", "16", "-o", tmp_path / "ids.pt"))
     assert code == 1
     (line,) = err.strip().splitlines()
     assert line.startswith("Error: corpus file ") and "blob.txt" in line and "binary" in line
@@ -105,8 +105,7 @@ def test_hub_repo_id_offline(
     # frozen copies at this test's cache whatever imported it first.
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", os.path.join(os.environ["HF_HOME"], "hub"))
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
-    missing = _run_main(["build-draft-vocab", "acme/absent", "--corpus", str(corpus),
-                         "--size", "16", "-o", str(tmp_path / "x.pt")])  # fmt: skip
+    missing = _run_main(_cmd("acme/absent", "--corpus", corpus, "--size", "16", "-o", tmp_path / "x.pt"))
     assert missing[0] == 1 and "not in the local Hugging Face cache" in missing[2]
 
     repo = Path(os.environ["HF_HOME"]) / "hub" / "models--acme--tiny"
@@ -117,9 +116,9 @@ def test_hub_repo_id_offline(
         shutil.copy(source / name, snapshot / name)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
-    result = CliRunner().invoke(app, ["build-draft-vocab", "acme/tiny", "--corpus", str(corpus),
-                                      "--size", "16", "-o", str(tmp_path / "ids.pt"),
-                                      "--json"])  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        _cmd("acme/tiny", "--corpus", corpus, "--size", "16", "-o", tmp_path / "ids.pt", "--json"),
+    )
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["source"] == {"repo_id": "acme/tiny", "revision": None,
-                                                   "path": None}  # fmt: skip
+    assert json.loads(result.stdout)["source"] == {"repo_id": "acme/tiny", "revision": None, "path": None}

@@ -1,11 +1,10 @@
-"""build_draft_vocab against an independent count with a real byte-level BPE tokenizer."""
+"""The build-draft-vocab command against an independent count with a real byte-level BPE tokenizer."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import math
-import pickle
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,14 +17,10 @@ import torch
 from tokenizers import Tokenizer
 
 from mtpconv.checkpoint.digests import sha256_file
-from mtpconv.draft_vocab import (
-    build_draft_vocab,
-    load_draft_vocab_ids,
-    load_tokenizer_info,
-    select_draft_ids,
-    sidecar_path,
-)
+from mtpconv.commands.build_draft_vocab import build_draft_vocab
+from mtpconv.draft_vocab.selection import select_draft_ids
 from mtpconv.errors import DraftVocabError
+from mtpconv.formats.draft_ids import load_draft_vocab_ids, sidecar_path
 from mtpconv.testing.tokenizers import generate_text, write_tiny_tokenizer
 
 VOCAB = 520  # config.json vocab_size: the 512-token tokenizer padded, as real models pad
@@ -42,8 +37,9 @@ def _write_source(directory: Path, config: dict[str, object], eos: object = None
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _write_source(tmp_path_factory.mktemp("ckpt"),
-                         {"vocab_size": VOCAB, "eos_token_id": 2}, eos=[2, EXTRA_EOS])  # fmt: skip
+    return _write_source(
+        tmp_path_factory.mktemp("ckpt"), {"vocab_size": VOCAB, "eos_token_id": 2}, eos=[2, EXTRA_EOS]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -108,14 +104,19 @@ def test_sidecar_describes_corpus_and_tokenizer(source: Path, corpus: Path, tmp_
     assert doc["format_version"] == 1 and doc["ids_file"] == "ids.pt"
     assert doc["size"] == 32 and doc["vocab_size"] == VOCAB
     assert doc["ids_sha256"] == sha256_file(out)
-    assert doc["tokenizer"] == {"file": "tokenizer.json",
-                                "sha256": sha256_file(source / "tokenizer.json")}  # fmt: skip
+    assert doc["tokenizer"] == {"file": "tokenizer.json", "sha256": sha256_file(source / "tokenizer.json")}
     assert doc["coverage"] == report.coverage
     assert doc["coverage_table"] == [{"size": 32, "coverage": report.coverage}]
     (f,) = doc["corpus"]["files"]
-    assert f == {"path": str(corpus), "format": "text", "sha256": sha256_file(corpus),
-                 "bytes": corpus.stat().st_size, "texts": report.corpus.texts,
-                 "tokens": report.corpus.tokens, "complete": True}  # fmt: skip
+    assert f == {
+        "path": str(corpus),
+        "format": "text",
+        "sha256": sha256_file(corpus),
+        "bytes": corpus.stat().st_size,
+        "texts": report.corpus.texts,
+        "tokens": report.corpus.tokens,
+        "complete": True,
+    }
     assert doc["source"] == {"repo_id": None, "revision": None, "path": str(source.resolve())}
     assert doc["eval"] is None and "seconds" not in doc and "ids" not in doc
     assert report.to_dict()["output"] == str(out)
@@ -126,8 +127,9 @@ def test_coverage_table_sizes_and_held_out(source: Path, tmp_path: Path) -> None
     train, held = generate_text(800, seed=3), generate_text(300, seed=4)
     (tmp_path / "train.txt").write_text("\n".join(train))
     (tmp_path / "held.txt").write_text("\n".join(held))
-    report = build_draft_vocab(big, [tmp_path / "train.txt"], 48, tmp_path / "ids.pt",
-                               eval_corpora=[tmp_path / "held.txt"])  # fmt: skip
+    report = build_draft_vocab(
+        big, [tmp_path / "train.txt"], 48, tmp_path / "ids.pt", eval_corpora=[tmp_path / "held.txt"]
+    )
     train_c, held_c = _oracle(big, train), _oracle(big, held)
     ids = _oracle_top_k(train_c, 48, {0, 1, 2}, range(10_000))
     big_ids = _oracle_top_k(train_c, 8192, {0, 1, 2}, range(10_000))
@@ -139,7 +141,9 @@ def test_coverage_table_sizes_and_held_out(source: Path, tmp_path: Path) -> None
     assert report.eval.corpus.tokens == sum(held_c.values())
     assert report.eval.coverage == _cov(held_c, ids) < 1.0
     assert [(p.size, p.coverage) for p in report.eval.coverage_table] == [
-        (48, _cov(held_c, ids)), (8192, _cov(held_c, big_ids))]  # fmt: skip
+        (48, _cov(held_c, ids)),
+        (8192, _cov(held_c, big_ids)),
+    ]
 
 
 def test_balance_tp_equal_ids_per_contiguous_shard(
@@ -168,24 +172,21 @@ def test_balance_tp_refusals(source: Path, corpus: Path, tmp_path: Path) -> None
     assert not (tmp_path / "ids.pt").exists()
 
 
-def test_select_ties_go_to_lower_ids() -> None:
-    counts = np.array([5, 1, 5, 0, 1, 7, 0], np.int64)
-    assert select_draft_ids(counts, 3).tolist() == [0, 2, 5]
-    assert select_draft_ids(counts, 4).tolist() == [0, 1, 2, 5]
-    assert select_draft_ids(counts, 4, forced=[6]).tolist() == [0, 2, 5, 6]
-    with pytest.raises(DraftVocabError, match="--size 1 is too small"):
-        select_draft_ids(counts, 1, forced=[3, 6])
-
-
 def test_all_formats_and_max_tokens(source: Path, tmp_path: Path) -> None:
     a, b, c, d = (generate_text(120, seed=s) for s in (10, 11, 12, 13))
     root = tmp_path / "corpus"
     (root / "sub").mkdir(parents=True)
     with gzip.open(root / "a.txt.gz", "wt", encoding="utf-8") as f:
         f.write("\n".join(a) + "\n")
-    chat = [{"messages": [{"role": "user", "content": x},
-                          {"role": "assistant", "content": [{"type": "text", "text": y}]}]}
-            for x, y in zip(b[::2], b[1::2], strict=True)]  # fmt: skip
+    chat = [
+        {
+            "messages": [
+                {"role": "user", "content": x},
+                {"role": "assistant", "content": [{"type": "text", "text": y}]},
+            ]
+        }
+        for x, y in zip(b[::2], b[1::2], strict=True)
+    ]
     with gzip.open(root / "sub" / "b.jsonl.gz", "wt", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in chat)
     pq.write_table(pa.table({"content": c}), root / "sub" / "c.parquet")
@@ -195,7 +196,11 @@ def test_all_formats_and_max_tokens(source: Path, tmp_path: Path) -> None:
     report = build_draft_vocab(source, [root], 40, tmp_path / "ids.pt", text_field="content")
     counter = _oracle(source, ordered)
     assert [Path(f.path).name for f in report.corpus.files] == [
-        "a.txt.gz", "d.jsonl", "b.jsonl.gz", "c.parquet"]  # fmt: skip
+        "a.txt.gz",
+        "d.jsonl",
+        "b.jsonl.gz",
+        "c.parquet",
+    ]
     assert [f.format for f in report.corpus.files] == ["text.gz", "jsonl", "jsonl.gz", "parquet"]
     assert report.corpus.tokens == sum(counter.values())
     assert report.ids == _oracle_top_k(counter, 40, FORCED, range(VOCAB))
@@ -205,18 +210,20 @@ def test_all_formats_and_max_tokens(source: Path, tmp_path: Path) -> None:
     stream = [i for text in ordered for i in tok.encode(text, add_special_tokens=False).ids]
     n_first = sum(len(tok.encode(t, add_special_tokens=False).ids) for t in a)
     limit = n_first + 37
-    cut = build_draft_vocab(source, [root], 40, tmp_path / "cut.pt", text_field="content",
-                            max_tokens=limit)  # fmt: skip
+    cut = build_draft_vocab(source, [root], 40, tmp_path / "cut.pt", text_field="content", max_tokens=limit)
     assert cut.corpus.tokens == limit and cut.corpus.truncated
     assert [(Path(f.path).name, f.tokens, f.complete) for f in cut.corpus.files] == [
-        ("a.txt.gz", n_first, True), ("d.jsonl", 37, False)]  # fmt: skip
+        ("a.txt.gz", n_first, True),
+        ("d.jsonl", 37, False),
+    ]
     assert cut.ids == _oracle_top_k(Counter(stream[:limit]), 40, FORCED, range(VOCAB))
     assert cut.coverage == _cov(Counter(stream[:limit]), cut.ids)
 
 
 def test_plot_written(source: Path, corpus: Path, tmp_path: Path) -> None:
-    report = build_draft_vocab(source, [corpus], 64, tmp_path / "ids.pt",
-                               eval_corpora=[corpus], plot=tmp_path / "cov.png")  # fmt: skip
+    report = build_draft_vocab(
+        source, [corpus], 64, tmp_path / "ids.pt", eval_corpora=[corpus], plot=tmp_path / "cov.png"
+    )
     assert report.plot == str(tmp_path / "cov.png")
     assert (tmp_path / "cov.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -254,97 +261,3 @@ def test_size_and_output_checks(source: Path, corpus: Path, tmp_path: Path) -> N
         build_draft_vocab(source, [corpus], 3, tmp_path / "ids.pt")
     with pytest.raises(DraftVocabError, match="is a directory"):
         build_draft_vocab(source, [corpus], 16, tmp_path)
-
-
-def test_tokenizer_and_config_errors(tmp_path: Path) -> None:
-    d = tmp_path / "ckpt"
-    d.mkdir()
-    with pytest.raises(DraftVocabError, match="has no config.json"):
-        load_tokenizer_info(d)
-    (d / "config.json").write_text(json.dumps({"hidden_size": 8}))
-    with pytest.raises(DraftVocabError, match="no positive integer vocab_size"):
-        load_tokenizer_info(d)
-    (d / "config.json").write_text(json.dumps({"vocab_size": 600}))
-    with pytest.raises(DraftVocabError, match="has no tokenizer.json"):
-        load_tokenizer_info(d)
-    (d / "tokenizer.json").write_text('{"not": "a tokenizer"}')
-    with pytest.raises(DraftVocabError, match="is not a valid tokenizers file"):
-        load_tokenizer_info(d)
-    write_tiny_tokenizer(d, vocab_size=512)
-    (d / "config.json").write_text(json.dumps({"vocab_size": 500}))
-    with pytest.raises(DraftVocabError, match="has token id 511, but config.json says vocab_size"):
-        load_tokenizer_info(d)
-    (d / "config.json").write_text(json.dumps({"vocab_size": 600}))
-    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": 600}))
-    with pytest.raises(DraftVocabError, match=r"EOS id 600 .* outside the vocabulary \[0, 600\)"):
-        load_tokenizer_info(d)
-    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 5]}))
-    info = load_tokenizer_info(d)
-    assert (info.vocab_size, info.eos_ids, info.special_ids) == (600, [2, 5], [0, 1, 2])
-
-
-# --- load_draft_vocab_ids ---------------------------------------------------------------
-
-
-class _Payload:
-    """Unpickling this would create the marker file."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (Path.touch, (str(self.marker),))
-
-
-def test_ids_round_trip(tmp_path: Path) -> None:
-    p = tmp_path / "ids.pt"
-    torch.save(torch.tensor([0, 3, 9], dtype=torch.int64), p)
-    assert load_draft_vocab_ids(p, 10).tolist() == [0, 3, 9]
-
-
-@pytest.mark.parametrize(
-    ("obj", "message"),
-    [
-        (torch.tensor([[0, 1]], dtype=torch.int64), r"shape \(1, 2\); expected a 1-D"),
-        (torch.tensor([0, 1], dtype=torch.int32), "holds torch.int32 ids; expected torch.int64"),
-        (torch.tensor([0.0, 1.0]), "holds torch.float32 ids"),
-        (torch.tensor([3, 1], dtype=torch.int64), "is not sorted ascending"),
-        (torch.tensor([1, 3, 3], dtype=torch.int64), "lists id 3 more than once"),
-        (torch.tensor([1, 10], dtype=torch.int64), r"has id 10, outside the vocabulary \[0, 10\)"),
-        (torch.tensor([-1, 2], dtype=torch.int64), "has id -1, outside"),
-        (torch.zeros(0, dtype=torch.int64), "is empty"),
-        ({"ids": torch.tensor([1])}, "holds a dict, not a tensor"),
-        ([1, 2, 3], "holds a list, not a tensor"),
-    ],
-)
-def test_ids_file_refusals(tmp_path: Path, obj: object, message: str) -> None:
-    p = tmp_path / "ids.pt"
-    torch.save(obj, p)
-    with pytest.raises(DraftVocabError, match=message) as info:
-        load_draft_vocab_ids(p, 10)
-    assert str(p) in str(info.value)
-
-
-@pytest.mark.parametrize("writer", ["torch.save", "raw pickle"])
-def test_malicious_pickle_refused_without_executing(tmp_path: Path, writer: str) -> None:
-    marker = tmp_path / "pwned"
-    p = tmp_path / "evil.pt"
-    payload = [_Payload(marker), torch.tensor([1, 2])]
-    if writer == "torch.save":
-        torch.save(payload, p)
-    else:
-        p.write_bytes(pickle.dumps(payload, protocol=2))
-    # The payload works: an unrestricted unpickle would create the marker.
-    pickle.loads(pickle.dumps(_Payload(tmp_path / "control")))
-    assert (tmp_path / "control").exists()
-    with pytest.raises(DraftVocabError, match=r"evil\.pt is not a plain tensor saved by torch"):
-        load_draft_vocab_ids(p, 10)
-    assert not marker.exists()
-
-
-def test_missing_and_garbage_ids_files(tmp_path: Path) -> None:
-    with pytest.raises(DraftVocabError, match=r"nope\.pt does not exist"):
-        load_draft_vocab_ids(tmp_path / "nope.pt", 10)
-    (tmp_path / "junk.pt").write_bytes(b"\x00garbage")
-    with pytest.raises(DraftVocabError, match=r"junk\.pt is not a plain tensor"):
-        load_draft_vocab_ids(tmp_path / "junk.pt", 10)
