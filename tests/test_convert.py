@@ -220,4 +220,4 @@ def test_fix_exclusions(nvfp4_vlm_moe: Path, tmp_path: Path, capsys: pytest.Capt
     assert (copy / "config.json.bak").read_bytes() == (nvfp4_vlm_moe / "config.json").read_bytes()
     assert declared_format(declared_quant(load_quant_configs(copy)), "mtp.fc") is None
     code, _, err = run_cli(["fix-exclusions", str(copy)], capsys)
-    assert code == 1 and "--in-place" in err
+    assert code == 2 and "--in-place" in err  # a usage error, found before any read

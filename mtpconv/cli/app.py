@@ -1,0 +1,356 @@
+"""The ``mtpconv`` Typer app: each command parses its flags, calls one function, renders.
+
+Every known failure is an :class:`~mtpconv.errors.MtpconvError`; :func:`main` turns
+it into one ``Error: ...`` line on stderr and its exit code, and a usage error
+(a bad flag, a wrong choice, a missing argument) into one ``Error: ...`` line and
+exit 2, before anything is read or written. Tracebacks only with ``--debug``.
+Library functions are imported inside their command so ``mtpconv --help`` does not
+load torch or huggingface_hub.
+"""
+
+from __future__ import annotations
+
+import errno
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from mtpconv import __version__, console
+from mtpconv.cli import render
+from mtpconv.cli.options import (
+    BalanceTpOpt,
+    BranchOpt,
+    CommitMessageOpt,
+    CopyOpt,
+    CopyShardsOpt,
+    CorpusOpt,
+    CreatePrOpt,
+    DebugOpt,
+    DestinationArg,
+    Device,
+    DeviceOpt,
+    DraftVocabOpt,
+    DraftVocabSizeOpt,
+    DryRunOpt,
+    EvalCorpusOpt,
+    FixDestinationArg,
+    ForceOpt,
+    HeadDtype,
+    HeadDtypeOpt,
+    InPlaceOpt,
+    JsonOpt,
+    KeepCardOpt,
+    MaxTokensOpt,
+    OutputOpt,
+    PlotOpt,
+    PrivateOpt,
+    PublishDryRunOpt,
+    QuietOpt,
+    RepoIdOpt,
+    RevisionOpt,
+    SizeOpt,
+    SourceArg,
+    TextFieldOpt,
+    TokenOpt,
+    VariantDirArg,
+)
+from mtpconv.errors import MtpconvError
+
+app = typer.Typer(
+    name="mtpconv",
+    help="Quantize the MTP drafter of a checkpoint to FP8, build a truncated draft "
+    "vocabulary, repair quant configs, and publish the -mtpfp8 variant.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    # Plain help: typer's rich panels print a <bool> type after every flag (--help too).
+    rich_markup_mode=None,
+    # Use a wide terminal's width (click stops at 80 columns by default).
+    context_settings={"max_content_width": 120},
+)
+
+_INTERRUPTED = "interrupted; nothing was left half-written."
+_state = {"debug": False}
+
+
+def _apply_switches(*, quiet: bool, debug: bool) -> None:
+    """Turn on --quiet / --debug, whether given before the command or after it."""
+    if quiet:
+        console.set_quiet(True)
+    if debug:
+        _state["debug"] = True
+
+
+def _usage_error(message: str) -> NoReturn:
+    """A usage error our own checks find: one line, exit 2, before any work."""
+    console.error(message)
+    raise typer.Exit(2)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"mtpconv {__version__}")
+        raise typer.Exit()
+
+
+@app.callback(invoke_without_command=True)
+def _global_options(
+    ctx: typer.Context,
+    *,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version_callback, is_eager=True, help="Show version."),
+    ] = False,
+) -> None:
+    # Reset first: in-process callers (tests, embedders) run several commands.
+    console.set_quiet(False)
+    _state["debug"] = False
+    _apply_switches(quiet=quiet, debug=debug)
+    if ctx.invoked_subcommand is None:  # bare `mtpconv`: the help, as a usage error
+        typer.echo(ctx.get_help(), err=True)
+        raise typer.Exit(2)
+
+
+@app.command("inspect")
+def inspect_cmd(
+    source: SourceArg,
+    *,
+    revision: RevisionOpt = None,
+    draft_vocab_size: DraftVocabSizeOpt = 32768,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """What a checkpoint is, what is wrong with its quant config, what the drafter costs."""
+    _apply_switches(quiet=quiet, debug=debug)
+    from mtpconv.inspect import inspect_checkpoint
+
+    report = inspect_checkpoint(source, revision=revision, draft_vocab_size=draft_vocab_size)
+    if as_json:
+        render.render_json(report)
+    else:
+        render.render_inspect(report)
+
+
+@app.command("publish")
+def publish_cmd(
+    directory: VariantDirArg,
+    *,
+    repo_id: RepoIdOpt = None,
+    private: PrivateOpt = False,
+    revision: BranchOpt = None,
+    create_pr: CreatePrOpt = False,
+    token: TokenOpt = None,
+    commit_message: CommitMessageOpt = None,
+    dry_run: PublishDryRunOpt = False,
+    keep_card: KeepCardOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Verify a -mtpfp8 variant against its manifest, write its model card, upload it."""
+    _apply_switches(quiet=quiet, debug=debug)
+    from mtpconv.hub import plan_publish, upload_plan
+
+    with console.byte_progress() as progress:
+        plan = plan_publish(
+            directory,
+            repo_id=repo_id,
+            private=private,
+            revision=revision,
+            create_pr=create_pr,
+            token=token,
+            commit_message=commit_message,
+            keep_card=keep_card,
+            offline=dry_run,
+            notify=console.info,
+            progress=progress,
+        )
+    if dry_run:
+        render.render_publish_plan(plan)
+        return
+    result = upload_plan(
+        plan,
+        token=token,
+        notify=console.info,
+        show_progress=not console.is_quiet() and console.err_console.is_terminal,
+    )
+    render.render_publish_result(result)
+
+
+@app.command("quantize-mtp")
+def quantize_mtp_cmd(
+    source: SourceArg,
+    destination: DestinationArg,
+    *,
+    revision: RevisionOpt = None,
+    draft_vocab: DraftVocabOpt = None,
+    draft_head_dtype: HeadDtypeOpt = HeadDtype.FP8,
+    device: DeviceOpt = Device.AUTO,
+    dry_run: DryRunOpt = False,
+    force: ForceOpt = False,
+    copy: CopyOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Write the -mtpfp8 variant: drafter linears in FP8, everything else byte-identical."""
+    _apply_switches(quiet=quiet, debug=debug)
+    from mtpconv.convert import quantize_mtp
+
+    with console.byte_progress() as progress:
+        report = quantize_mtp(
+            source,
+            destination,
+            revision=revision,
+            draft_vocab=draft_vocab,
+            draft_head_dtype=draft_head_dtype.value,
+            device=device.value,
+            dry_run=dry_run,
+            force=force,
+            copy=copy,
+            progress=progress,
+        )
+    if as_json:
+        render.render_json(report)
+    else:
+        render.render_conversion(report)
+
+
+@app.command("fix-exclusions")
+def fix_exclusions_cmd(
+    source: SourceArg,
+    destination: FixDestinationArg = None,
+    *,
+    revision: RevisionOpt = None,
+    in_place: InPlaceOpt = False,
+    dry_run: DryRunOpt = False,
+    force: ForceOpt = False,
+    copy: CopyShardsOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Exclude every module stored unquantized but declared quantized (the mtp.fc gap)."""
+    _apply_switches(quiet=quiet, debug=debug)
+    if in_place and destination is not None:
+        _usage_error("give either DST or --in-place, not both.")
+    if not in_place and destination is None:
+        _usage_error(
+            "give a destination directory, or --in-place to edit SRC's JSON files "
+            "(a .bak copy of each is kept)."
+        )
+    from mtpconv.fix_exclusions import fix_exclusions
+
+    report = fix_exclusions(
+        source,
+        destination,
+        revision=revision,
+        in_place=in_place,
+        force=force,
+        copy=copy,
+        dry_run=dry_run,
+    )
+    if as_json:
+        render.render_json(report)
+    else:
+        render.render_fix(report)
+
+
+@app.command("build-draft-vocab")
+def build_draft_vocab_cmd(
+    source: SourceArg,
+    *,
+    corpus: CorpusOpt,
+    size: SizeOpt,
+    output: OutputOpt = Path("mtp_draft_vocab_ids.pt"),
+    revision: RevisionOpt = None,
+    text_field: TextFieldOpt = "text",
+    max_tokens: MaxTokensOpt = None,
+    eval_corpus: EvalCorpusOpt = None,
+    balance_tp: BalanceTpOpt = None,
+    plot: PlotOpt = None,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Count token frequencies with the checkpoint's tokenizer; keep the top-K ids."""
+    _apply_switches(quiet=quiet, debug=debug)
+    from mtpconv.commands.build_draft_vocab import build_draft_vocab
+
+    with console.byte_progress() as progress:
+        report = build_draft_vocab(
+            source,
+            corpus,
+            size,
+            output,
+            revision=revision,
+            text_field=text_field,
+            max_tokens=max_tokens,
+            eval_corpora=eval_corpus or (),
+            balance_tp=balance_tp,
+            plot=plot,
+            progress=progress,
+        )
+    if as_json:
+        render.render_json(report)
+    else:
+        render.render_draft_vocab(report)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run one command and exit with its status."""
+    try:  # SIGTERM unwinds like Ctrl-C, so every command cleans up its temporary files
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    except ValueError:  # not the main thread (embedded use)
+        previous = None
+    try:
+        code = _run(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    sys.exit(code)
+
+
+def _run(argv: list[str] | None) -> int:
+    """Run the app; turn every failure into one ``Error:`` line and an exit code."""
+    try:
+        # Not standalone: typer would print a usage error as a usage line plus a box.
+        result = app(args=argv, standalone_mode=False)
+    except typer.TyperException as exc:  # usage and parameter errors (exit 2)
+        console.error(" ".join(exc.format_message().split()))
+        return exc.exit_code
+    except MtpconvError as exc:
+        _show_traceback()
+        console.error(str(exc))
+        return exc.exit_code
+    except OSError as exc:
+        # The library maps the failures it expects; any other OS failure (a full disk
+        # while writing the manifest, a file that cannot be opened) is still one line.
+        _show_traceback()
+        console.error(_os_error_message(exc))
+        return 1
+    except KeyboardInterrupt:
+        console.error(_INTERRUPTED)
+        return 130
+    except typer.Abort:  # end of input at a prompt
+        console.error("aborted.")
+        return 1
+    if result == 130:  # typer turns Ctrl-C into a silent exit 130: say it in one line
+        console.error(_INTERRUPTED)
+    return result if isinstance(result, int) else 0
+
+
+def _show_traceback() -> None:
+    if _state["debug"]:
+        console.err_console.print_exception()
+
+
+def _os_error_message(exc: OSError) -> str:
+    where = f" ({exc.filename})" if exc.filename else ""
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on the device{where}; free space and run again."
+    return f"{exc.strerror or exc}{where}; run again with --debug for details."

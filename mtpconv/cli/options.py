@@ -1,0 +1,166 @@
+"""The command line's vocabulary: choice Enums and the option types every command shares.
+
+Each option is declared once here as an ``Annotated`` type and used by every command
+that takes it, so a flag is spelled, documented and typed the same way everywhere.
+Value options carry a metavar as the README writes it (``SRC``, ``--revision REV``);
+flags carry none, so they do not look as if they took a value.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+DEBUG_ENV = "MTPCONV_DEBUG"
+
+
+class Device(str, Enum):
+    """Where the FP8 math of quantize-mtp runs."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class HeadDtype(str, Enum):
+    """The storage dtype of the sliced draft head."""
+
+    FP8 = "fp8"
+    BF16 = "bf16"
+
+
+# Switches accepted both before the command (`mtpconv -q inspect DIR`) and after it
+# (`mtpconv inspect DIR -q`): the app callback and every command declare them.
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or notices.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.", envvar=DEBUG_ENV)]
+
+SourceArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="SRC",
+        help="Source checkpoint: a local directory or a Hub repo id.",
+        show_default=False,
+    ),
+]
+RevisionOpt = Annotated[
+    str | None,
+    typer.Option("--revision", metavar="REV", help="Hub revision (branch, tag or commit)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing destination.")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show the plan; write nothing.")]
+DraftVocabSizeOpt = Annotated[
+    int,
+    typer.Option("--draft-vocab-size", metavar="K", min=1, help="K for the draft-head cost estimate."),
+]
+
+# quantize-mtp
+DestinationArg = Annotated[
+    Path,
+    typer.Argument(metavar="DST", help="Output directory of the -mtpfp8 variant.", show_default=False),
+]
+DraftVocabOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--draft-vocab",
+        metavar="IDS.pt",
+        exists=True,
+        dir_okay=False,
+        help="Ids file from build-draft-vocab: adds a sliced head.",
+    ),
+]
+HeadDtypeOpt = Annotated[
+    HeadDtype, typer.Option("--draft-head-dtype", help="Storage dtype of the draft head.")
+]
+DeviceOpt = Annotated[Device, typer.Option("--device", help="Where the FP8 math runs.")]
+CopyOpt = Annotated[bool, typer.Option("--copy", help="Copy untouched files instead of hard-linking them.")]
+
+# fix-exclusions
+FixDestinationArg = Annotated[
+    Path | None,
+    typer.Argument(metavar="DST", help="Output directory (shards are hard-linked).", show_default=False),
+]
+InPlaceOpt = Annotated[
+    bool, typer.Option("--in-place", help="Edit SRC's two JSON files (keeps .bak copies).")
+]
+CopyShardsOpt = Annotated[bool, typer.Option("--copy", help="Copy shards instead of hard-linking them.")]
+
+# build-draft-vocab
+CorpusOpt = Annotated[
+    list[Path],
+    typer.Option(
+        "--corpus",
+        metavar="PATH",
+        exists=True,
+        help="Text/JSONL/Parquet file (.gz ok) or directory; repeatable.",
+    ),
+]
+SizeOpt = Annotated[int, typer.Option("--size", metavar="K", min=1, help="K: number of draft vocab ids.")]
+OutputOpt = Annotated[
+    Path,
+    typer.Option(
+        "--output",
+        "-o",
+        metavar="IDS.pt",
+        dir_okay=False,
+        help="Ids file to write (+ OUTPUT.json sidecar).",
+    ),
+]
+TextFieldOpt = Annotated[
+    str,
+    typer.Option("--text-field", metavar="FIELD", help="JSONL field / Parquet column with the text."),
+]
+MaxTokensOpt = Annotated[
+    int | None,
+    typer.Option("--max-tokens", metavar="N", min=1, help="Stop after counting N tokens."),
+]
+EvalCorpusOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--eval-corpus",
+        metavar="PATH",
+        exists=True,
+        help="Held-out corpus for coverage only; repeatable.",
+    ),
+]
+BalanceTpOpt = Annotated[
+    int | None,
+    typer.Option("--balance-tp", metavar="N", min=1, help="Same number of ids in each of N vocab shards."),
+]
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option("--plot", metavar="PNG", dir_okay=False, help="Write the coverage curve as a PNG."),
+]
+
+# publish
+VariantDirArg = Annotated[
+    Path,
+    typer.Argument(metavar="DIR", help="A -mtpfp8 variant written by quantize-mtp.", show_default=False),
+]
+RepoIdOpt = Annotated[
+    str | None,
+    typer.Option("--repo-id", metavar="USER/NAME", help="Default: <you>/<source name>-mtpfp8."),
+]
+PrivateOpt = Annotated[bool, typer.Option("--private", help="Create the repo private.")]
+BranchOpt = Annotated[
+    str | None,
+    typer.Option("--revision", metavar="BRANCH", help="Branch to commit to (created if missing)."),
+]
+CreatePrOpt = Annotated[bool, typer.Option("--create-pr", help="Open a pull request instead of committing.")]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option("--token", metavar="TOKEN", help="Hub token (default: HF_TOKEN or your login)."),
+]
+CommitMessageOpt = Annotated[
+    str | None,
+    typer.Option("--commit-message", metavar="TEXT", help="Message of the upload commit."),
+]
+PublishDryRunOpt = Annotated[
+    bool, typer.Option("--dry-run", help="List what would be uploaded; contact nothing.")
+]
+KeepCardOpt = Annotated[
+    bool, typer.Option("--keep-card", help="Upload the directory's README.md as the card.")
+]

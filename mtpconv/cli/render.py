@@ -1,0 +1,183 @@
+"""Every table, summary line and ``--json`` document the commands print.
+
+Data (tables, JSON, the files written, URLs) goes to stdout; notices go to stderr
+through :mod:`mtpconv.console`. Only the report record types are imported, and only
+for type checking, so this module does not pull the command modules (torch,
+huggingface_hub) into CLI start-up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+from rich.table import Table
+
+from mtpconv import console
+from mtpconv.console import human_bytes, out_console
+from mtpconv.findings import Severity
+
+if TYPE_CHECKING:
+    from mtpconv.convert import ConversionReport
+    from mtpconv.draft_vocab.report import DraftVocabReport
+    from mtpconv.fix_exclusions import FixReport
+    from mtpconv.hub import PublishPlan, PublishResult
+    from mtpconv.inspect import InspectReport
+
+_SEVERITY_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+
+
+def render_json(report: InspectReport | ConversionReport | FixReport | DraftVocabReport) -> None:
+    """A report as one JSON document on stdout (``--json``)."""
+    console.emit_json(report.to_dict())
+
+
+def render_inspect(r: InspectReport) -> None:
+    """The summary, drafter tensors, draft-step cost and findings of ``inspect``."""
+    c = out_console
+    summary = Table(show_header=False, box=None, title=f"[bold]{r.source}[/bold]", title_justify="left")
+    summary.add_row("family", r.family)
+    summary.add_row("model_type", r.model_type)
+    algo = f"{r.quant_method}" + (f" / {r.quant_algo}" if r.quant_algo else "")
+    summary.add_row("quantization", algo)
+    if r.exclude_modules:
+        summary.add_row("excluded", ", ".join(r.exclude_modules))
+    if r.kv_cache_algo:
+        summary.add_row("kv cache", r.kv_cache_algo)
+    declared = r.mtp_layers_declared if r.mtp_layers_declared is not None else "-"
+    summary.add_row("MTP layers", f"{r.mtp_layers_found} found / {declared} declared")
+    summary.add_row("weights", f"{human_bytes(r.total_bytes)} in {r.shards} shard(s)")
+    if r.variant:
+        summary.add_row(
+            "variant",
+            f"mtpconv {r.variant['tool'].get('version', '?')}, "
+            f"{r.variant['fp8_linears']} FP8 drafter linears",
+        )
+    dv = r.draft_vocab
+    summary.add_row(
+        "draft vocab",
+        "none" if dv is None else f"{dv['file']} ({dv['size'] or '?'} ids, head {dv['head_dtype'] or '?'})",
+    )
+    c.print(summary)
+
+    if r.drafter:
+        t = Table(title="Drafter tensors", title_justify="left")
+        for col in ("tensor", "dtype", "shape", "stored", "role", "declared"):
+            t.add_column(col)
+        for row in r.drafter:
+            shown = row.declared or ("unquantized" if row.role in ("linear", "head") else "")
+            shape = "x".join(map(str, row.shape)) or "scalar"
+            t.add_row(row.name, row.dtype, shape, row.format, row.role, shown)
+        c.print(t)
+
+    if r.cost is not None:
+        k = r.cost
+        t = Table(title="Drafter bytes read per draft step (1 token)", title_justify="left")
+        for col in ("", "stack", "head", "total"):
+            t.add_column(col, justify="right")
+        t.add_row("now", human_bytes(k.stack_now), human_bytes(k.head_now), human_bytes(k.total_now))
+        t.add_row("FP8 drafter", human_bytes(k.stack_fp8), human_bytes(k.head_now), human_bytes(k.total_fp8))
+        t.add_row(
+            f"FP8 + {k.draft_vocab_size}-row FP8 head",
+            human_bytes(k.stack_fp8),
+            human_bytes(k.head_fp8_truncated),
+            human_bytes(k.total_fp8_truncated),
+        )
+        c.print(t)
+
+    if r.findings:
+        t = Table(title="Findings", title_justify="left")
+        for col in ("severity", "module", "finding"):
+            t.add_column(col)
+        for f in r.findings:
+            style = _SEVERITY_STYLE[f.severity]
+            t.add_row(f"[{style}]{f.severity.value}[/{style}]", f.module, f.message)
+        c.print(t)
+    else:
+        c.print("[green]No findings: the quant config matches the stored tensors.[/green]")
+
+
+def render_conversion(r: ConversionReport) -> None:
+    """What ``quantize-mtp`` planned (``--dry-run``) or wrote."""
+    p = r.plan
+    title = "Plan (dry run, nothing written)" if r.dry_run else f"Wrote {r.destination}"
+    t = Table(show_header=False, box=None, title=f"[bold]{title}[/bold]", title_justify="left")
+    t.add_row("family", p.layout.family)
+    t.add_row("FP8 drafter linears", str(len(p.linears)))
+    if p.dropped:
+        t.add_row("NVFP4 scales dropped", str(len(p.dropped)))
+    t.add_row("shards rewritten", ", ".join(s.file for s in p.rewritten) or "-")
+    t.add_row("shards linked", str(len(p.linked)))
+    if p.draft_head is not None:
+        h = p.draft_head
+        t.add_row("draft head", f"{h.tensor} [{h.rows} x {h.hidden}] {h.dtype}")
+    saved = human_bytes(p.bytes_before - p.bytes_after)
+    t.add_row("weights", f"{human_bytes(p.bytes_before)} -> {human_bytes(p.bytes_after)} (saved {saved})")
+    if not r.dry_run:
+        t.add_row("max relative L2 error", f"{r.max_rel_l2:.4%}")
+        t.add_row("files linked / copied", f"{r.linked} / {r.copied}")
+        t.add_row("device / time", f"{r.device} / {r.seconds:.1f} s")
+    out_console.print(t)
+
+
+def render_fix(r: FixReport) -> None:
+    """What ``fix-exclusions`` excluded (or would), and the backups it kept."""
+    c = out_console
+    if not r.excluded:
+        c.print("Nothing to fix: every module stored unquantized is already excluded.")
+        return
+    verb = "Would exclude" if r.dry_run else "Excluded"
+    c.print(f"{verb} in {r.destination}: " + ", ".join(r.excluded))
+    for b in r.backups:
+        c.print(f"backup: {b}")
+
+
+def render_draft_vocab(r: DraftVocabReport) -> None:
+    """The counting summary (stderr), the coverage table and the files written (stdout)."""
+    stopped = " (stopped at --max-tokens)" if r.corpus.truncated else ""
+    console.info(
+        f"Counted {r.corpus.tokens:,} tokens in {len(r.corpus.files)} file(s) in "
+        f"{r.seconds:.1f} s ({r.tokens_per_second:,.0f} tokens/s){stopped}."
+    )
+    held_out = {p.size: p.coverage for p in r.eval.coverage_table} if r.eval else {}
+    table = Table(title=f"Coverage of {r.corpus.tokens:,} corpus tokens", title_justify="left")
+    table.add_column("draft vocab size", justify="right")
+    table.add_column("corpus", justify="right")
+    if r.eval:
+        table.add_column(f"held-out ({r.eval.corpus.tokens:,} tokens)", justify="right")
+    for p in r.coverage_table:
+        row = [f"{p.size:,}" + (" (K)" if p.size == r.size else ""), f"{p.coverage:.2%}"]
+        table.add_row(*row, *([f"{held_out[p.size]:.2%}"] if r.eval else []))
+    out_console.print(table)
+    plotted = f"; plot {r.plot}" if r.plot else ""
+    _echo(
+        f"Wrote {r.output} ({r.size:,} of {r.vocab_size:,} ids, coverage "
+        f"{r.coverage:.2%}) and {r.sidecar}{plotted}."
+    )
+
+
+def render_publish_plan(plan: PublishPlan) -> None:
+    """The ``publish --dry-run`` listing: every file, its size, and the generated card."""
+    # The listing keeps the model card's byte format (exact bytes below 1 KiB).
+    from mtpconv.model_card import human_bytes as card_bytes
+
+    where = plan.repo_id + (f" @ {plan.revision}" if plan.revision else "")
+    where += " as a pull request" if plan.create_pr else ""
+    _echo(f"Would upload {len(plan.items)} files ({card_bytes(plan.total_bytes)}) to {where}:")
+    for item in plan.items:
+        note = "  (generated)" if item.local is None else ""
+        _echo(f"  {card_bytes(item.size):>12}  {item.path_in_repo}{note}")
+    if plan.card is not None:
+        _echo("\n--- README.md (generated) ---\n" + plan.card.rstrip())
+
+
+def render_publish_result(result: PublishResult) -> None:
+    """A notice on stderr and the most specific URL of the upload on stdout."""
+    plan = result.plan
+    console.info(f"Published {plan.repo_id}.")
+    _echo(result.pr_url or result.commit_url or result.repo_url or plan.repo_id)
+
+
+def _echo(line: str) -> None:
+    # Plain text, not rich markup: paths and card text may hold brackets rich would eat.
+    typer.echo(line)

@@ -1,0 +1,76 @@
+"""mtpconv.cli.render: what the records look like on stdout, and a light CLI start-up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtpconv.cli import render
+from mtpconv.fix_exclusions import FixReport
+from mtpconv.hub import PublishPlan, PublishResult, UploadItem
+
+
+def _plan(card: str | None = "---\nlicense: other\n---\n# Card\n") -> PublishPlan:
+    items = [UploadItem("config.json", 512, Path("/v/config.json")),
+             UploadItem("model.safetensors", 3 * 1024 * 1024, Path("/v/model.safetensors"))]  # fmt: skip
+    if card is not None:
+        items.append(UploadItem("README.md", len(card), None))
+    return PublishPlan(Path("/v"), "me/x-mtpfp8", items, card, private=False, revision="dev",
+                       create_pr=True, commit_message="Upload")  # fmt: skip
+
+
+def test_publish_plan_listing(capsys: pytest.CaptureFixture[str]) -> None:
+    render.render_publish_plan(_plan())
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    total = 512 + 3 * 1024 * 1024 + len("---\nlicense: other\n---\n# Card\n")
+    assert (
+        lines[0]
+        == f"Would upload 3 files ({total / 1024 / 1024:.2f} MiB) to me/x-mtpfp8 @ dev as a pull request:"
+    )
+    assert lines[1] == f"  {'512 B':>12}  config.json"
+    assert lines[2] == f"  {'3.00 MiB':>12}  model.safetensors"
+    assert lines[3].endswith("  README.md  (generated)")
+    assert "--- README.md (generated) ---\n---\nlicense: other\n---\n# Card\n" in out
+    assert err == ""
+
+
+def test_publish_plan_with_kept_card_shows_no_card(capsys: pytest.CaptureFixture[str]) -> None:
+    render.render_publish_plan(_plan(card=None))
+    out, _ = capsys.readouterr()
+    assert "(generated)" not in out and "--- README.md" not in out
+
+
+def test_publish_result_prints_the_most_specific_url(capsys: pytest.CaptureFixture[str]) -> None:
+    render.render_publish_result(PublishResult(_plan(), dry_run=False, repo_url="https://hf.co/me/x",
+                                               pr_url="https://hf.co/me/x/discussions/1"))  # fmt: skip
+    out, err = capsys.readouterr()
+    assert out == "https://hf.co/me/x/discussions/1\n"
+    assert err == "Published me/x-mtpfp8.\n"
+
+
+def test_fix_report(capsys: pytest.CaptureFixture[str]) -> None:
+    render.render_fix(FixReport("src", "dst", ["mtp.fc"], in_place=False, dry_run=True))
+    assert capsys.readouterr().out == "Would exclude in dst: mtp.fc\n"
+    render.render_fix(FixReport("src", "src", [], in_place=True))
+    assert capsys.readouterr().out.startswith("Nothing to fix")
+
+
+def test_json_is_one_document(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    render.render_json(FixReport("src", "dst", ["mtp.fc"], in_place=False))
+    assert json.loads(capsys.readouterr().out)["newly_excluded"] == ["mtp.fc"]
+
+
+def test_cli_start_up_imports_no_command_module() -> None:
+    """``mtpconv --help`` stays fast: the command modules (torch, huggingface_hub) load lazily."""
+    heavy = ["torch", "huggingface_hub", "mtpconv.convert", "mtpconv.inspect", "mtpconv.hub",
+             "mtpconv.draft_vocab", "mtpconv.fix_exclusions"]  # fmt: skip
+    code = f"import sys, mtpconv.cli; print([m for m in {heavy!r} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
