@@ -73,7 +73,7 @@ def inspect_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """What a checkpoint is, what is wrong with its quant config, what the drafter costs."""
-    from mtpconv.inspect import inspect_checkpoint
+    from mtpconv.commands.inspect import inspect_checkpoint
     from mtpconv.render import render_inspect
 
     report = inspect_checkpoint(source, revision=revision, draft_vocab_size=draft_vocab_size)
@@ -194,7 +194,7 @@ def fix_exclusions_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Exclude every module stored unquantized but declared quantized (the mtp.fc gap)."""
-    from mtpconv.fix_exclusions import fix_exclusions
+    from mtpconv.commands.fix_exclusions import fix_exclusions
     from mtpconv.render import render_fix
 
     report = fix_exclusions(source, destination, revision=revision, in_place=in_place,

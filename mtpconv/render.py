@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from mtpconv.commands.fix_exclusions import FixReport
+from mtpconv.commands.inspect import InspectReport
 from mtpconv.console import human_bytes, out_console
 from mtpconv.convert import ConversionReport
 from mtpconv.findings import Severity
-from mtpconv.fix_exclusions import FixReport
-from mtpconv.inspect import InspectReport
 
 _SEVERITY_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
