@@ -234,7 +234,7 @@ class ModuleSet:
 
     def any_layer_contains(self, rule: _Rule) -> bool:
         rx = rule.substring
-        if rx is None:
+        if rx is None or not self._layers:  # "" would match the empty joined text
             return False
         if rule.substring_spans_lines:
             return any(rx.search(layer) for layer in self._layers)

@@ -7,7 +7,12 @@ from typing import Any
 import pytest
 
 from mtpconv.errors import QuantConfigError
-from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
+from mtpconv.quantconfig.declarations import (
+    StorageFormat,
+    declared_algorithm,
+    declared_quant,
+    storage_format_of_algorithm,
+)
 from mtpconv.quantconfig.documents import QuantConfigs
 from tests.quantconfig.helpers import (
     nvfp4_gap,
@@ -141,3 +146,19 @@ def test_lm_head_exclusion_also_declares_draft_head_unquantized() -> None:
     decl = declared_quant(configs)
     assert declared_algorithm(decl, "mtp.draft_lm_head") is None
     assert declared_algorithm(decl, "mtp.fc") == "NVFP4"  # the gap
+
+
+@pytest.mark.parametrize(
+    ("algo", "expected"),
+    [
+        ("NVFP4", StorageFormat.NVFP4),
+        ("w4a16_nvfp4", StorageFormat.NVFP4),
+        ("FP8", StorageFormat.FP8),
+        ("FP8_PB_WO", StorageFormat.FP8),
+        ("INT4", None),
+        ("MIXED_PRECISION", None),
+        (None, None),
+    ],
+)
+def test_storage_format_of_algorithm(algo: str | None, expected: StorageFormat | None) -> None:
+    assert storage_format_of_algorithm(algo) is expected

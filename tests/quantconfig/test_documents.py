@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mtpconv.errors import QuantConfigError
 from mtpconv.jsonio import dumps_json
-from mtpconv.quantconfig.documents import load_quant_configs
+from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs, quant_location
 from tests.quantconfig.helpers import (
     key_paths,
 )
@@ -74,3 +75,38 @@ def test_dumps_config_format() -> None:
     assert text.endswith("}\n") and not text.endswith("\n\n")
     assert text == json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
     assert list(json.loads(text)) == ["b", "a"]
+
+
+@pytest.mark.parametrize(
+    ("keys", "source"),
+    [
+        (("quantization_config",), "config.json"),
+        (("text_config", "quantization_config"), "config.json (text_config)"),
+        (("compression_config",), "config.json (compression_config)"),
+    ],
+)
+def test_quant_location(keys: tuple[str, ...], source: str) -> None:
+    body = {"quant_method": "fp8"}
+    cfg: dict[str, Any] = {"text_config": {"hidden_size": 8}}
+    node = cfg
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = body
+    loc = quant_location(cfg)
+    assert loc is not None and loc.keys == keys and loc.body is body and loc.source == source
+
+
+def test_quant_location_top_level_wins_and_none() -> None:
+    cfg = {"quantization_config": {"a": 1}, "text_config": {"quantization_config": {"b": 2}}}
+    loc = quant_location(cfg)
+    assert loc is not None and loc.keys == ("quantization_config",)
+    assert quant_location({"text_config": "x", "model_type": "m"}) is None
+    with pytest.raises(QuantConfigError, match="'text_config.quantization_config' must be an object"):
+        quant_location({"text_config": {"quantization_config": [1]}})
+
+
+def test_dumped_names_only_the_files_present() -> None:
+    assert list(QuantConfigs({"a": 1}, None).dumped()) == ["config.json"]
+    both = QuantConfigs({"a": 1}, {"quantization": {}}).dumped()
+    assert list(both) == ["config.json", "hf_quant_config.json"]
+    assert both["config.json"] == dumps_json({"a": 1})

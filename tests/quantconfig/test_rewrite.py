@@ -283,3 +283,63 @@ def test_rewriters_on_near_valid_configs(method: Any, algo: Any, ignore: Any, la
         assert rewrite(QuantConfigs(cfg2, hq2)) == (hq2, cfg2)  # a fixed point
     audit_quant_configs(configs, stored, drafter)
     assert configs.config == snapshot.config and configs.hf_quant == snapshot.hf_quant
+
+
+# ------------------------------------------------------ the record of what was added
+
+
+def test_fix_record_lists_patterns_modules_and_where() -> None:
+    configs, modules, drafter, stored = nvfp4_gap()
+    fixed = fixed_exclusion_configs(configs, stored)
+    assert fixed.changed and fixed.patterns == ["mtp.fc"] and fixed.excluded_modules == ["mtp.fc"]
+    assert [(e.document, e.key, e.added) for e in fixed.edits] == [
+        ("config.json", "quantization_config.ignore", ("mtp.fc",)),
+        ("hf_quant_config.json", "quantization.exclude_modules", ("mtp.fc",)),
+    ]
+    assert fixed.as_configs().config == fixed.config and fixed.as_configs().hf_quant == fixed.hf_quant
+
+
+def test_fix_record_of_a_text_config_declaration() -> None:
+    """A VLM config declaring its quantization only under text_config, no hf_quant_config.json."""
+    configs, modules, drafter, stored = nvfp4_gap()
+    cfg = copy.deepcopy(configs.config)
+    cfg["text_config"]["quantization_config"] = cfg.pop("quantization_config")
+    fixed = fixed_exclusion_configs(QuantConfigs(cfg, None), stored)
+    assert fixed.hf_quant is None and "quantization_config" not in fixed.config
+    assert fixed.patterns == ["mtp.fc"] and fixed.excluded_modules == ["mtp.fc"]
+    ((edit),) = fixed.edits
+    assert (edit.document, edit.key, edit.added) == (
+        "config.json",
+        "text_config.quantization_config.ignore",
+        ("mtp.fc",),
+    )
+    assert fixed.config["text_config"]["quantization_config"]["ignore"][-1] == "mtp.fc"
+    assert declared_algorithm(declared_quant(fixed.as_configs()), "mtp.fc") is None
+
+
+def test_nothing_to_do_records_nothing() -> None:
+    configs, modules, drafter, stored = nvfp4_gap()
+    fixed = fixed_exclusion_configs(configs, stored)
+    again = fixed_exclusion_configs(fixed.as_configs(), stored)
+    assert not again.changed and again.patterns == [] and again.edits == [] and again.excluded_modules == []
+
+
+def test_variant_record_lists_the_drafter() -> None:
+    configs, modules, drafter, stored = nvfp4_gap()
+    variant = variant_configs(configs, drafter, modules)
+    assert variant.patterns == ["mtp.fc"]
+    # mtp.fc was the only drafter module still declared quantized (mtp.layers.0* covered the rest)
+    assert variant.excluded_modules == ["mtp.fc"]
+    assert {e.document for e in variant.edits} == {"config.json", "hf_quant_config.json"}
+
+
+def test_variant_record_of_mixed_precision_lists_dropped_layers() -> None:
+    drafter = qwen35_moe_drafter_modules()
+    layers = {f"{VLM}layers.0.mlp.experts": "NVFP4", "mtp.layers.0.mlp.experts": "NVFP4", "mtp.fc": "FP8"}
+    hq, qc = modelopt_mixed_configs(layers, ["model.visual*"])
+    variant = variant_configs(QuantConfigs(qwen35_moe_config(qc), hq), drafter, qwen35_moe_modules())
+    assert variant.dropped_layers == ["mtp.layers.0.mlp.experts", "mtp.fc"]
+    assert variant.patterns == [] and variant.edits == [] and variant.changed
+    assert variant.excluded_modules == sorted(
+        m for m in drafter if m == "mtp.fc" or m.startswith("mtp.layers.0.mlp.experts.")
+    )
