@@ -47,11 +47,8 @@ from mtpconv.manifest import (
     write_manifest,
 )
 from mtpconv.plan import ConversionPlan, OutTensor, ShardPlan, build_plan, check_destination
-from mtpconv.quant_config import (
-    QuantConfigs,
-    load_quant_configs,
-    variant_configs,
-)
+from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
+from mtpconv.quantconfig.rewrite import variant_configs
 
 Progress = Callable[[int], None]
 
@@ -274,7 +271,7 @@ def quantize_mtp(
     plan = build_plan(files, layout, draft_vocab_rows=None if ids is None else int(ids.numel()),
                       draft_head_dtype=draft_head_dtype)  # fmt: skip
     all_modules = {module_of(n) for n in files.tensors} | set(_drafter_modules(layout, plan))
-    new_hf_quant, new_config = variant_configs(configs, _drafter_modules(layout, plan), all_modules)
+    new_hf_quant, new_config = variant_configs(configs, _drafter_modules(layout, plan), all_modules).documents
     report = ConversionReport(source=source_spec, destination=str(dst_path), plan=plan,
                               dry_run=dry_run, device=str(dev),
                               draft_vocab_size=None if ids is None else int(ids.numel()))  # fmt: skip

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtpconv.commands.fix_exclusions import fix_exclusions
 from mtpconv.convert import quantize_mtp
 from mtpconv.errors import ConversionError, OutputError
-from mtpconv.fix_exclusions import fix_exclusions
 from mtpconv.formats.nvfp4 import dequantize_nvfp4
 from mtpconv.layouts import module_of
 from mtpconv.manifest import read_manifest, verify_files
-from mtpconv.quant_config import declared_format, declared_quant, load_quant_configs
+from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
+from mtpconv.quantconfig.documents import load_quant_configs
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import load_tensor, raw_tensors, run_cli, tree_digest
 
@@ -79,8 +80,8 @@ def test_nvfp4_vlm_moe_variant(nvfp4_vlm_moe: Path, tmp_path: Path) -> None:
     before, after = load_quant_configs(src), load_quant_configs(dst)
     decl = declared_quant(after)
     for module in read_manifest(dst).drafter.fp8_linears:  # type: ignore[union-attr]
-        assert declared_format(decl, module) is None
-    assert declared_format(decl, "model.language_model.layers.0.self_attn.q_proj") == "NVFP4"
+        assert declared_algorithm(decl, module) is None
+    assert declared_algorithm(decl, "model.language_model.layers.0.self_attn.q_proj") == "NVFP4"
     assert list(after.config) == list(before.config)
     for key in before.config:
         if key != "quantization_config":
@@ -204,8 +205,8 @@ def test_fix_exclusions(nvfp4_vlm_moe: Path, tmp_path: Path, capsys: pytest.Capt
         assert os.stat(dst / shard.name).st_ino == os.stat(shard).st_ino
     configs = load_quant_configs(dst)
     decl = declared_quant(configs)
-    assert declared_format(decl, "mtp.fc") is None
-    assert declared_format(decl, "model.language_model.layers.1.mlp.experts.0.up_proj") == "NVFP4"
+    assert declared_algorithm(decl, "mtp.fc") is None
+    assert declared_algorithm(decl, "model.language_model.layers.1.mlp.experts.0.up_proj") == "NVFP4"
     assert configs.hf_quant["quantization"]["exclude_modules"][-1] == "mtp.fc"  # type: ignore[index]
     code, out, _ = run_cli(["inspect", str(dst), "--json"], capsys)
     assert code == 0
@@ -218,6 +219,6 @@ def test_fix_exclusions(nvfp4_vlm_moe: Path, tmp_path: Path, capsys: pytest.Capt
     code, _, err = run_cli(["fix-exclusions", str(copy), "--in-place"], capsys)
     assert code == 0, err
     assert (copy / "config.json.bak").read_bytes() == (nvfp4_vlm_moe / "config.json").read_bytes()
-    assert declared_format(declared_quant(load_quant_configs(copy)), "mtp.fc") is None
+    assert declared_algorithm(declared_quant(load_quant_configs(copy)), "mtp.fc") is None
     code, _, err = run_cli(["fix-exclusions", str(copy)], capsys)
     assert code == 2 and "--in-place" in err  # a usage error, found before any read

@@ -27,14 +27,10 @@ from safetensors.torch import save_file
 from mtpconv.checkpoint.index import INDEX_NAME, load_checkpoint_files
 from mtpconv.checkpoint.safetensors_io import DTYPES, parse_header_bytes, read_header
 from mtpconv.errors import MtpconvError
-from mtpconv.quant_config import (
-    QuantConfigs,
-    audit_quant_configs,
-    declared_format,
-    declared_quant,
-    fixed_exclusion_configs,
-    variant_configs,
-)
+from mtpconv.quantconfig.audit import audit_quant_configs
+from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
+from mtpconv.quantconfig.documents import QuantConfigs
+from mtpconv.quantconfig.rewrite import fixed_exclusion_configs, variant_configs
 
 
 def fuzz(n: int) -> Any:
@@ -268,11 +264,11 @@ def test_config_rewriters_arbitrary_json(config: dict[str, Any], hf_quant: Any,
     try:
         decl = declared_quant(qcs)
         for m in MODULES:
-            declared_format(decl, m)
+            declared_algorithm(decl, m)
     except MtpconvError:
         pass
-    for rewrite in (lambda: variant_configs(qcs, sorted(drafter), MODULES),
-                    lambda: fixed_exclusion_configs(qcs, stored_map)):  # fmt: skip
+    for rewrite in (lambda: variant_configs(qcs, sorted(drafter), MODULES).documents,
+                    lambda: fixed_exclusion_configs(qcs, stored_map).documents):  # fmt: skip
         try:
             new_hf, new_cfg = rewrite()
         except MtpconvError:

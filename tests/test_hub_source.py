@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from mtpconv.commands.inspect import inspect_checkpoint
 from mtpconv.convert import quantize_mtp
-from mtpconv.inspect import inspect_checkpoint
 from mtpconv.manifest import read_manifest
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import HUB_COMMIT, populate_hub_cache, raw_tensors, run_cli

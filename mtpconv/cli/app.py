@@ -127,7 +127,7 @@ def inspect_cmd(
 ) -> None:
     """What a checkpoint is, what is wrong with its quant config, what the drafter costs."""
     _apply_switches(quiet=quiet, debug=debug)
-    from mtpconv.inspect import inspect_checkpoint
+    from mtpconv.commands.inspect import inspect_checkpoint
 
     report = inspect_checkpoint(source, revision=revision, draft_vocab_size=draft_vocab_size)
     if as_json:
@@ -243,7 +243,7 @@ def fix_exclusions_cmd(
             "give a destination directory, or --in-place to edit SRC's JSON files "
             "(a .bak copy of each is kept)."
         )
-    from mtpconv.fix_exclusions import fix_exclusions
+    from mtpconv.commands.fix_exclusions import fix_exclusions
 
     report = fix_exclusions(
         source,

@@ -18,11 +18,11 @@ from mtpconv.console import human_bytes, out_console
 from mtpconv.findings import Severity
 
 if TYPE_CHECKING:
+    from mtpconv.commands.fix_exclusions import FixReport
+    from mtpconv.commands.inspect import InspectReport
     from mtpconv.convert import ConversionReport
     from mtpconv.draft_vocab.report import DraftVocabReport
-    from mtpconv.fix_exclusions import FixReport
     from mtpconv.hub import PublishPlan, PublishResult
-    from mtpconv.inspect import InspectReport
 
 _SEVERITY_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -128,6 +128,8 @@ def render_fix(r: FixReport) -> None:
         return
     verb = "Would exclude" if r.dry_run else "Excluded"
     c.print(f"{verb} in {r.destination}: " + ", ".join(r.excluded))
+    for edit in r.edits:
+        c.print(f"  {edit.document} {edit.key}: + " + ", ".join(edit.added))
     for b in r.backups:
         c.print(f"backup: {b}")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mtpconv.cli import render
-from mtpconv.fix_exclusions import FixReport
+from mtpconv.commands.fix_exclusions import FixReport
 from mtpconv.hub import PublishPlan, PublishResult, UploadItem
 
 
@@ -68,8 +68,8 @@ def test_json_is_one_document(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_start_up_imports_no_command_module() -> None:
     """``mtpconv --help`` stays fast: the command modules (torch, huggingface_hub) load lazily."""
-    heavy = ["torch", "huggingface_hub", "mtpconv.convert", "mtpconv.inspect", "mtpconv.hub",
-             "mtpconv.draft_vocab", "mtpconv.fix_exclusions"]  # fmt: skip
+    heavy = ["torch", "huggingface_hub", "mtpconv.convert", "mtpconv.commands.inspect", "mtpconv.hub",
+             "mtpconv.commands.build_draft_vocab", "mtpconv.commands.fix_exclusions"]  # fmt: skip
     code = f"import sys, mtpconv.cli; print([m for m in {heavy!r} if m in sys.modules])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -21,14 +21,14 @@ def _one_error_line(err: str) -> str:
 @pytest.fixture
 def library_never_called(monkeypatch: pytest.MonkeyPatch) -> None:
     """The seam: a usage error must stop before the command's library function."""
+    import mtpconv.commands.fix_exclusions
     import mtpconv.convert
-    import mtpconv.fix_exclusions
 
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the library was called despite a usage error")
 
     monkeypatch.setattr(mtpconv.convert, "quantize_mtp", refuse)
-    monkeypatch.setattr(mtpconv.fix_exclusions, "fix_exclusions", refuse)
+    monkeypatch.setattr(mtpconv.commands.fix_exclusions, "fix_exclusions", refuse)
 
 
 @pytest.mark.usefixtures("library_never_called")

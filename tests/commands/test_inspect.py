@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpconv.inspect import inspect_checkpoint
+from mtpconv.commands.inspect import inspect_checkpoint
 from mtpconv.testing.checkpoints import FAMILIES, Spec, write_checkpoint
 from tests.helpers import run_cli
 

@@ -17,13 +17,9 @@ from mtpconv.draft_cost import DraftCost, draft_cost
 from mtpconv.findings import Finding, Severity
 from mtpconv.layouts import MtpLayout, classify_weight, detect_layout, linear_modules, module_of
 from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, Manifest, read_manifest
-from mtpconv.quant_config import (
-    QuantConfigs,
-    audit_quant_configs,
-    declared_format,
-    declared_quant,
-    load_quant_configs,
-)
+from mtpconv.quantconfig.audit import audit_quant_configs
+from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
+from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
 
 
 @dataclass(frozen=True)
@@ -36,8 +32,14 @@ class TensorRow:
     declared: str | None  # what the quant config declares for this module
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
-                "format": self.format, "role": self.role, "declared": self.declared}  # fmt: skip
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "format": self.format,
+            "role": self.role,
+            "declared": self.declared,
+        }
 
 
 @dataclass
@@ -67,9 +69,12 @@ class InspectReport:
             "source": self.source,
             "family": self.family,
             "model_type": self.model_type,
-            "quant": {"method": self.quant_method, "algo": self.quant_algo,
-                      "exclude_modules": self.exclude_modules,
-                      "kv_cache_algo": self.kv_cache_algo},  # fmt: skip
+            "quant": {
+                "method": self.quant_method,
+                "algo": self.quant_algo,
+                "exclude_modules": self.exclude_modules,
+                "kv_cache_algo": self.kv_cache_algo,
+            },
             "mtp_layers": {"declared": self.mtp_layers_declared, "found": self.mtp_layers_found},
             "drafter_tensors": [r.to_dict() for r in self.drafter],
             "findings": [f.to_dict() for f in self.findings],
@@ -108,7 +113,7 @@ def _rows(layout: MtpLayout, files: CheckpointFiles, configs: QuantConfigs) -> l
         else:
             fmt, _ = classify_weight(name, files.tensors)
         role = _role(name, fmt, layout)
-        declared = declared_format(decl, module_of(name)) if role in ("linear", "head") else None
+        declared = declared_algorithm(decl, module_of(name)) if role in ("linear", "head") else None
         rows.append(TensorRow(name, info.dtype, info.shape, fmt, role, declared))
     return rows
 
@@ -117,21 +122,45 @@ def _layout_findings(layout: MtpLayout) -> list[Finding]:
     out = []
     declared, found = layout.declared_layers, layout.found_layers
     if declared and not layout.has_drafter:
-        out.append(Finding(Severity.ERROR, "mtp-declared-missing", "mtp",
-                           f"config declares {declared} MTP layer(s) but the checkpoint holds no "
-                           "MTP tensors; vLLM's MTP speculative decoding will fail to load them. "
-                           "Re-export the checkpoint with its MTP weights."))  # fmt: skip
+        out.append(
+            Finding(
+                Severity.ERROR,
+                "mtp-declared-missing",
+                "mtp",
+                f"config declares {declared} MTP layer(s) but the checkpoint holds no "
+                "MTP tensors; vLLM's MTP speculative decoding will fail to load them. "
+                "Re-export the checkpoint with its MTP weights.",
+            )
+        )
     elif layout.has_drafter and not declared:
-        out.append(Finding(Severity.WARNING, "mtp-undeclared", "mtp",
-                           f"the checkpoint holds {found} MTP layer(s) but config.json declares "
-                           "none (mtp_num_hidden_layers / num_nextn_predict_layers); vLLM will "
-                           "not build the drafter."))  # fmt: skip
+        out.append(
+            Finding(
+                Severity.WARNING,
+                "mtp-undeclared",
+                "mtp",
+                f"the checkpoint holds {found} MTP layer(s) but config.json declares "
+                "none (mtp_num_hidden_layers / num_nextn_predict_layers); vLLM will "
+                "not build the drafter.",
+            )
+        )
     elif layout.has_drafter and declared != found:
-        out.append(Finding(Severity.WARNING, "mtp-layer-count", "mtp",
-                           f"config declares {declared} MTP layer(s) but {found} are stored."))  # fmt: skip
+        out.append(
+            Finding(
+                Severity.WARNING,
+                "mtp-layer-count",
+                "mtp",
+                f"config declares {declared} MTP layer(s) but {found} are stored.",
+            )
+        )
     if not layout.has_drafter and not declared:
-        out.append(Finding(Severity.INFO, "no-mtp", "mtp",
-                           "this checkpoint has no MTP drafter; there is nothing to convert."))  # fmt: skip
+        out.append(
+            Finding(
+                Severity.INFO,
+                "no-mtp",
+                "mtp",
+                "this checkpoint has no MTP drafter; there is nothing to convert.",
+            )
+        )
     return out
 
 
@@ -140,25 +169,30 @@ def _variant_finding(manifest: Manifest) -> Finding:
     fp8 = len(manifest.drafter.fp8_linears)
     if manifest.draft_vocab is not None and manifest.draft_vocab.head_dtype == "fp8":
         fp8 += 1
-    return Finding(Severity.INFO, "mtpconv-fp8-drafter", "mtp",
-                   f"{fp8} drafter tensors are FP8 as recorded in mtpconv.json and excluded from "
-                   "the target's quant config: serve with the mtpconv vLLM plugin (stock vLLM "
-                   "refuses them).")  # fmt: skip
+    return Finding(
+        Severity.INFO,
+        "mtpconv-fp8-drafter",
+        "mtp",
+        f"{fp8} drafter tensors are FP8 as recorded in mtpconv.json and excluded from "
+        "the target's quant config: serve with the mtpconv vLLM plugin (stock vLLM "
+        "refuses them).",
+    )
 
 
 def _variant_info(manifest: Manifest | None) -> dict[str, Any] | None:
     if manifest is None:
         return None
-    return {"tool": manifest.tool, "source": {k: v for k, v in manifest.source.items()
-                                              if k != "files"},
-            "fp8_linears": len(manifest.drafter.fp8_linears)}  # fmt: skip
+    return {
+        "tool": manifest.tool,
+        "source": {k: v for k, v in manifest.source.items() if k != "files"},
+        "fp8_linears": len(manifest.drafter.fp8_linears),
+    }
 
 
 def _draft_vocab_info(directory: Path, manifest: Manifest | None) -> dict[str, Any] | None:
     if manifest is not None and manifest.draft_vocab is not None:
         dv = manifest.draft_vocab
-        return {"file": dv.file, "size": dv.size, "head_dtype": dv.head_dtype,
-                "coverage": dv.coverage}  # fmt: skip
+        return {"file": dv.file, "size": dv.size, "head_dtype": dv.head_dtype, "coverage": dv.coverage}
     if (directory / DRAFT_VOCAB_IDS_NAME).is_file():
         return {"file": DRAFT_VOCAB_IDS_NAME, "size": None, "head_dtype": None, "coverage": None}
     return None
@@ -180,9 +214,13 @@ def inspect_checkpoint(
     drafter_modules = {module_of(n) for n in layout.drafter_tensors}
     findings = _layout_findings(layout)
     manifest = read_manifest(source.directory)
-    findings += audit_quant_configs(configs, linear_modules(files.tensors), drafter_modules,
-                                    all_modules={module_of(n) for n in files.tensors},
-                                    plugin_drafter=manifest is not None)  # fmt: skip
+    findings += audit_quant_configs(
+        configs,
+        linear_modules(files.tensors),
+        drafter_modules,
+        all_modules={module_of(n) for n in files.tensors},
+        plugin_drafter=manifest is not None,
+    )
     if manifest is not None:
         findings.append(_variant_finding(manifest))
     cost = draft_cost(layout, files.tensors, draft_vocab_size) if layout.has_drafter else None

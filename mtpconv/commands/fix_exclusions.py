@@ -2,9 +2,10 @@
 
 Every module stored unquantized but declared quantized (the real ``mtp.fc`` gap
 of NVIDIA's Qwen3.5 / Qwen3-Next NVFP4 exports) becomes excluded in both
-hf_quant_config.json and config.json; nothing else changes. Written to a new
-directory atomically, or with ``--in-place`` into SRC's two JSON files (the
-originals kept as ``.bak``).
+hf_quant_config.json and config.json (wherever config.json declares its
+quantization: top level or ``text_config``); nothing else changes. Written to a
+new directory atomically, or with ``--in-place`` into SRC's JSON files (the
+originals kept as ``.bak``). What was excluded is what the rewriter reports.
 """
 
 from __future__ import annotations
@@ -19,25 +20,36 @@ from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles
 from mtpconv.checkpoint.source import load_files, resolve_source
 from mtpconv.checkpoint.writer import atomic_output_dir, link_or_copy, write_json
 from mtpconv.errors import OutputError, interruptible
-from mtpconv.jsonio import dumps_json
 from mtpconv.layouts import linear_modules
 from mtpconv.plan import check_destination, other_files
-from mtpconv.quant_config import QuantConfigs, fixed_exclusion_configs, load_quant_configs
+from mtpconv.quantconfig.documents import load_quant_configs
+from mtpconv.quantconfig.rewrite import ExclusionEdit, fixed_exclusion_configs
 
 
 @dataclass
 class FixReport:
+    """What ``fix-exclusions`` excluded (or would exclude), and where."""
+
     source: str
     destination: str
-    excluded: list[str]
+    excluded: list[str]  # exclusion patterns appended
     in_place: bool
     dry_run: bool = False
     backups: list[str] = field(default_factory=list)
+    modules: list[str] = field(default_factory=list)  # modules now declared unquantized
+    edits: list[ExclusionEdit] = field(default_factory=list)  # which list got which patterns
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "destination": self.destination,
-                "newly_excluded": self.excluded, "in_place": self.in_place,
-                "dry_run": self.dry_run, "backups": self.backups}  # fmt: skip
+        return {
+            "source": self.source,
+            "destination": self.destination,
+            "newly_excluded": self.excluded,
+            "excluded_modules": self.modules,
+            "edits": [{"file": e.document, "key": e.key, "added": list(e.added)} for e in self.edits],
+            "in_place": self.in_place,
+            "dry_run": self.dry_run,
+            "backups": self.backups,
+        }
 
 
 def fix_exclusions(
@@ -54,25 +66,35 @@ def fix_exclusions(
     source = resolve_source(source_spec, revision)
     files = load_files(source)
     configs = load_quant_configs(source.directory)
-    stored = linear_modules(files.tensors)
-    new_hf_quant, new_config = fixed_exclusion_configs(configs, stored)
-    excluded = _newly_excluded(configs, new_hf_quant, new_config)
+    fixed = fixed_exclusion_configs(configs, linear_modules(files.tensors))
     if in_place and dst is not None:
         raise OutputError("give either DST or --in-place, not both.")
     if not in_place and dst is None:
-        raise OutputError("give a destination directory, or --in-place to edit SRC's JSON files "
-                          "(a .bak copy of each is kept).")  # fmt: skip
+        raise OutputError(
+            "give a destination directory, or --in-place to edit SRC's JSON files "
+            "(a .bak copy of each is kept)."
+        )
     target = source.directory if in_place else Path(dst).expanduser()  # type: ignore[arg-type]
-    report = FixReport(source_spec, str(target), excluded, in_place, dry_run)
+    report = FixReport(
+        source_spec,
+        str(target),
+        list(fixed.patterns),
+        in_place,
+        dry_run,
+        modules=list(fixed.excluded_modules),
+        edits=list(fixed.edits),
+    )
     if dry_run:
         return report
+    documents = fixed.as_configs().dumped()
     if in_place:
         if source.repo_id:
-            raise OutputError("--in-place edits a local directory; a Hub snapshot is read-only. "
-                              "Give a destination instead.")  # fmt: skip
-        if not excluded:
+            raise OutputError(
+                "--in-place edits a local directory; a Hub snapshot is read-only. Give a destination instead."
+            )
+        if not fixed.changed:
             return report
-        report.backups = _rewrite_in_place(source.directory, new_hf_quant, new_config)
+        report.backups = _rewrite_in_place(source.directory, documents)
         return report
     check_destination(source.directory, target)
     with interruptible(target), atomic_output_dir(target, force=force) as tmp:
@@ -80,9 +102,8 @@ def fix_exclusions(
             out = tmp / rel
             out.parent.mkdir(parents=True, exist_ok=True)
             link_or_copy(source.directory / rel, out, copy=copy)
-        write_json(tmp / "config.json", dumps_json(new_config))
-        if new_hf_quant is not None:
-            write_json(tmp / "hf_quant_config.json", dumps_json(new_hf_quant))
+        for name, text in documents.items():
+            write_json(tmp / name, text)
     return report
 
 
@@ -91,19 +112,16 @@ def _non_weight_files(directory: Path, files: CheckpointFiles) -> list[str]:
     return extra + other_files(directory, files)
 
 
-def _rewrite_in_place(directory: Path, hf_quant: dict[str, Any] | None,
-                      config: dict[str, Any]) -> list[str]:  # fmt: skip
-    """Replace SRC's two JSON files, keeping the first ``.bak`` of each (the original).
+def _rewrite_in_place(directory: Path, documents: dict[str, str]) -> list[str]:
+    """Replace SRC's JSON files, keeping the first ``.bak`` of each (the original).
 
-    Both new files are written and fsynced before either replaces its original,
+    Every new file is written and fsynced before any replaces its original,
     so the window in which the two disagree is two renames long.
     """
     staged = []
-    for name, doc in (("config.json", config), ("hf_quant_config.json", hf_quant)):
-        if doc is None:
-            continue
+    for name, text in documents.items():
         tmp = directory / f".{name}.mtpconv-tmp"
-        write_json(tmp, dumps_json(doc))
+        write_json(tmp, text)
         staged.append((name, tmp))
     backups = []
     for name, _ in staged:
@@ -114,16 +132,3 @@ def _rewrite_in_place(directory: Path, hf_quant: dict[str, Any] | None,
     for name, tmp in staged:
         os.replace(tmp, directory / name)
     return backups
-
-
-def _newly_excluded(configs: QuantConfigs, hf_quant: dict[str, Any] | None,
-                    config: dict[str, Any]) -> list[str]:  # fmt: skip
-    def excl(hq: dict[str, Any] | None, cfg: dict[str, Any]) -> list[str]:
-        if hq is not None:
-            q = hq.get("quantization", {})
-            return list(q.get("exclude_modules", []) or [])
-        qc = cfg.get("quantization_config", {})
-        return list(qc.get("ignore", []) or []) if isinstance(qc, dict) else []
-
-    before = excl(configs.hf_quant, configs.config)
-    return [p for p in excl(hf_quant, config) if p not in before]
