@@ -161,7 +161,7 @@ def quantize_mtp_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Write the -mtpfp8 variant: drafter linears in FP8, everything else byte-identical."""
-    from mtpconv.convert import quantize_mtp
+    from mtpconv.commands.quantize_mtp import quantize_mtp
     from mtpconv.render import render_conversion
 
     with console.byte_progress() as progress:

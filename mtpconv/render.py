@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from mtpconv.commands.quantize_mtp import ConversionReport
 from mtpconv.console import human_bytes, out_console
-from mtpconv.convert import ConversionReport
 from mtpconv.findings import Severity
 from mtpconv.fix_exclusions import FixReport
 from mtpconv.inspect import InspectReport

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mtpconv.convert import quantize_mtp
+from mtpconv.commands.quantize_mtp import quantize_mtp
 from tests.factories import Spec, write_checkpoint
 from tests.helpers import run_cli
 from tests.tokenizer_factory import write_tiny_tokenizer
