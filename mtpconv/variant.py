@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -101,7 +101,8 @@ def head_rows(reader: ShardReader, source: str, ids: torch.Tensor) -> torch.Tens
 
 # The two output tensors an FP8 quantization yields; a scale is written from the
 # same result as its weight, whichever of the two the plan puts first.
-_FP8_PARTS = {
+_Part = Literal["weight", "scale"]
+_FP8_PARTS: dict[OutKind, _Part] = {
     OutKind.FP8_WEIGHT: "weight",
     OutKind.FP8_SCALE: "scale",
     OutKind.DRAFT_HEAD: "weight",
@@ -129,7 +130,7 @@ class ShardJob:
         self.advance = advance
         self.head = head  # the draft head's tensor name and its rows as stored
         self.errors: dict[str, QuantError] = {}
-        self._open: dict[str, tuple[Fp8Tensor, set[str]]] = {}
+        self._open: dict[str, tuple[Fp8Tensor, set[_Part]]] = {}
 
     def run(self, files: CheckpointFiles, shard: ShardPlan, out: Path) -> str:
         """Write ``shard`` to ``out``; return the file's sha256."""
@@ -154,24 +155,26 @@ class ShardJob:
         elif t.kind in (OutKind.FP8_WEIGHT, OutKind.FP8_SCALE):
             lin = t.linear
             assert lin is not None
-            fp8 = self._part(
+            part = self._part(
                 lin.module,
                 _FP8_PARTS[t.kind],
                 lambda: _quantize(lin.weight, _source_weight(self.reader, lin), self.device),
             )
-            writer.write_tensor(name, fp8)
+            writer.write_tensor(name, part)
         elif t.kind in (OutKind.DRAFT_HEAD, OutKind.DRAFT_HEAD_SCALE):
             assert self.head is not None
             head, rows = self.head
             if t.spec.dtype == "BF16":
                 writer.write_tensor(name, rows.to(torch.bfloat16))
                 return
-            fp8 = self._part(module_of(head), _FP8_PARTS[t.kind], lambda: _quantize(head, rows, self.device))
-            writer.write_tensor(name, fp8)
+            part = self._part(module_of(head), _FP8_PARTS[t.kind], lambda: _quantize(head, rows, self.device))
+            writer.write_tensor(name, part)
         else:  # pragma: no cover - OutKind is closed
             raise AssertionError(t.kind)
 
-    def _part(self, module: str, part: str, make: Callable[[], tuple[Fp8Tensor, QuantError]]) -> torch.Tensor:
+    def _part(
+        self, module: str, part: _Part, make: Callable[[], tuple[Fp8Tensor, QuantError]]
+    ) -> torch.Tensor:
         """One part of ``module``'s FP8 result, quantizing on the first of its two parts."""
         if module not in self._open:
             fp8, error = make()
