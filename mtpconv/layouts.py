@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from mtpconv.checkpoint.safetensors_io import FLOAT_DTYPES, TensorInfo
@@ -29,13 +30,24 @@ _LINEAR_NAME = re.compile(r"(_proj|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
 
 
+class Stored(str, Enum):
+    """How a drafter linear's weight is stored in the source checkpoint."""
+
+    PLAIN = "plain"  # a float tensor (BF16, F16, F32, F64)
+    NVFP4 = "nvfp4"  # packed U8 with block and global scales
+    FP8 = "fp8"  # already FP8: the checkpoint is a variant, not a source
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Linear:
     """A drafter linear: its weight tensor and how it is stored."""
 
     module: str  # checkpoint name without parameter suffix
     weight: str  # tensor name holding the weight
-    stored: str  # "plain" | "nvfp4" | "fp8"
+    stored: Stored
     shape: tuple[int, ...]  # logical [out, in] (or [E, a, b] for fused experts)
     aux: tuple[str, ...] = ()  # scale tensors that belong to the stored format
 
@@ -53,7 +65,6 @@ class MtpLayout:
 
     family: str
     model_type: str
-    text_prefix: str
     drafter_prefixes: tuple[str, ...]
     drafter_tensors: list[str]
     linears: list[Linear]
@@ -66,14 +77,10 @@ class MtpLayout:
     vocab_size: int | None
     num_experts: int | None = None
     experts_per_token: int | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def has_drafter(self) -> bool:
         return bool(self.drafter_tensors)
-
-    def is_drafter(self, name: str) -> bool:
-        return name.startswith(self.drafter_prefixes)
 
 
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -216,7 +223,6 @@ def detect_layout(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo]) 
     layout = MtpLayout(
         family=family,
         model_type=model_type,
-        text_prefix=strip_text_prefix(drafter[0])[0] if drafter else "",
         drafter_prefixes=prefixes,
         drafter_tensors=drafter,
         linears=_drafter_linears(drafter, tensors),
@@ -273,6 +279,6 @@ def _drafter_linears(drafter: list[str], tensors: Mapping[str, TensorInfo]) -> l
         last = module_of(name).rsplit(".", 1)[-1]
         if last in _NOT_LINEAR:
             continue
-        linears.append(Linear(module=module_of(name), weight=name, stored=stored, shape=shape,
+        linears.append(Linear(module=module_of(name), weight=name, stored=Stored(stored), shape=shape,
                               aux=aux))  # fmt: skip
     return linears

@@ -9,32 +9,63 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles
 from mtpconv.checkpoint.writer import TensorSpec
+from mtpconv.conversion_options import HeadDtype
 from mtpconv.errors import ConversionError, LayoutError, OutputError, SourceError
-from mtpconv.layouts import Linear, MtpLayout
+from mtpconv.layouts import Linear, MtpLayout, Stored
 from mtpconv.manifest import DRAFT_HEAD_NAME, MANIFEST_NAME
 
 # Files we write ourselves; everything else of the source is linked or copied.
 OWN_FILES = frozenset({"config.json", "hf_quant_config.json", INDEX_NAME, MANIFEST_NAME})
 
 
+class OutKind(str, Enum):
+    """How one tensor of a rewritten shard is produced."""
+
+    COPY = "copy"  # the source tensor's bytes, verbatim
+    FP8_WEIGHT = "fp8_weight"  # a drafter linear quantized to FP8
+    FP8_SCALE = "fp8_scale"  # that linear's float32 scale
+    DRAFT_HEAD = "draft_head"  # the head rows of the draft vocab (FP8 or BF16)
+    DRAFT_HEAD_SCALE = "draft_head_scale"  # the FP8 draft head's scale
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ShardAction(str, Enum):
+    """What happens to one source shard."""
+
+    LINK = "link"  # hard-linked (or copied) unchanged
+    REWRITE = "rewrite"  # written anew from the plan's tensors
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class OutTensor:
-    """One tensor of a rewritten shard: copied verbatim, or produced by a step."""
+    """One tensor of a rewritten shard: copied verbatim, or produced by a step.
+
+    The tensors of a shard are written in the plan's order; a scale need not
+    follow its weight (the writer looks each part up by its linear).
+    """
 
     spec: TensorSpec
-    kind: str  # "copy" | "fp8_weight" | "fp8_scale" | "draft_head" | "draft_head_scale"
-    source: str | None = None  # source tensor name for "copy"
-    linear: Linear | None = None
+    kind: OutKind
+    source: str | None = None  # source tensor name for OutKind.COPY
+    linear: Linear | None = None  # the drafter linear for FP8_WEIGHT / FP8_SCALE
 
 
 @dataclass
 class ShardPlan:
+    """One source shard: linked as it is, or rewritten tensor by tensor."""
+
     file: str
-    action: str  # "link" | "rewrite"
+    action: ShardAction
     tensors: list[OutTensor] = field(default_factory=list)
 
     @property
@@ -44,15 +75,19 @@ class ShardPlan:
 
 @dataclass(frozen=True)
 class DraftHeadPlan:
+    """The draft head: ``rows`` rows of the source head, stored as ``dtype``."""
+
     rows: int
     hidden: int
-    dtype: str  # "fp8" | "bf16"
+    dtype: HeadDtype
     source_tensor: str
     tensor: str  # output weight name
 
 
 @dataclass
 class ConversionPlan:
+    """Every output tensor and file of a variant, decided from headers."""
+
     source_dir: Path
     layout: MtpLayout
     shards: list[ShardPlan]
@@ -66,11 +101,11 @@ class ConversionPlan:
 
     @property
     def rewritten(self) -> list[ShardPlan]:
-        return [s for s in self.shards if s.action == "rewrite"]
+        return [s for s in self.shards if s.action is ShardAction.REWRITE]
 
     @property
     def linked(self) -> list[ShardPlan]:
-        return [s for s in self.shards if s.action == "link"]
+        return [s for s in self.shards if s.action is ShardAction.LINK]
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -84,7 +119,7 @@ class ConversionPlan:
             "bytes_after": self.bytes_after,
             "draft_head": None if self.draft_head is None else {
                 "tensor": self.draft_head.tensor, "rows": self.draft_head.rows,
-                "dtype": self.draft_head.dtype, "source_tensor": self.draft_head.source_tensor},
+                "dtype": self.draft_head.dtype.value, "source_tensor": self.draft_head.source_tensor},
         }  # fmt: skip
 
 
@@ -132,7 +167,7 @@ def build_plan(
     layout: MtpLayout,
     *,
     draft_vocab_rows: int | None = None,
-    draft_head_dtype: str = "fp8",
+    draft_head_dtype: str = HeadDtype.FP8,
 ) -> ConversionPlan:
     """Decide every output tensor from headers; raise before anything is written."""
     if not layout.has_drafter:
@@ -142,7 +177,7 @@ def build_plan(
         )
     if not layout.linears:
         raise LayoutError(f"the {layout.family} drafter of {files.directory} has no linear layers.")
-    already = [lin.module for lin in layout.linears if lin.stored == "fp8"]
+    already = [lin.module for lin in layout.linears if lin.stored is Stored.FP8]
     if already:
         raise ConversionError(
             f"{files.directory} already has an FP8 drafter ({already[0]} is FP8): it looks like an "
@@ -164,37 +199,37 @@ def build_plan(
         names = [n for n in header.tensors if files.weight_map.get(n) == file]
         touched = any(n in by_weight or n in dropped_set for n in names)
         if not touched and not (head_plan and file == head_shard):
-            shards.append(ShardPlan(file, "link"))
+            shards.append(ShardPlan(file, ShardAction.LINK))
             continue
-        plan = ShardPlan(file, "rewrite")
+        plan = ShardPlan(file, ShardAction.REWRITE)
         for name in sorted(names, key=lambda n: header.tensors[n].start):
             info = header.tensors[name]
             if name in dropped_set:
                 continue
             lin = by_weight.get(name)
             if lin is None:
-                plan.tensors.append(OutTensor(TensorSpec(name, info.dtype, info.shape), "copy",
+                plan.tensors.append(OutTensor(TensorSpec(name, info.dtype, info.shape), OutKind.COPY,
                                               source=name))  # fmt: skip
                 continue
             _check_shape(lin)
-            plan.tensors.append(OutTensor(TensorSpec(name, "F8_E4M3", lin.shape), "fp8_weight",
+            plan.tensors.append(OutTensor(TensorSpec(name, "F8_E4M3", lin.shape), OutKind.FP8_WEIGHT,
                                           linear=lin))  # fmt: skip
             scale_shape = (lin.shape[0],) if len(lin.shape) == 3 else ()
             plan.tensors.append(OutTensor(TensorSpec(lin.fp8_scale_name, "F32", scale_shape),
-                                          "fp8_scale", linear=lin))  # fmt: skip
+                                          OutKind.FP8_SCALE, linear=lin))  # fmt: skip
         if head_plan and file == head_shard:
             plan.tensors.append(OutTensor(
-                TensorSpec(head_plan.tensor, "F8_E4M3" if head_plan.dtype == "fp8" else "BF16",
-                           (head_plan.rows, head_plan.hidden)), "draft_head"))  # fmt: skip
-            if head_plan.dtype == "fp8":
+                TensorSpec(head_plan.tensor, "F8_E4M3" if head_plan.dtype is HeadDtype.FP8 else "BF16",
+                           (head_plan.rows, head_plan.hidden)), OutKind.DRAFT_HEAD))  # fmt: skip
+            if head_plan.dtype is HeadDtype.FP8:
                 scale_name = head_plan.tensor[: -len("weight")] + "weight_scale"
                 plan.tensors.append(OutTensor(TensorSpec(scale_name, "F32", ()),
-                                              "draft_head_scale"))  # fmt: skip
+                                              OutKind.DRAFT_HEAD_SCALE))  # fmt: skip
         shards.append(plan)
 
     before = files.total_tensor_bytes
     after = sum(
-        s.out_bytes if s.action == "rewrite"
+        s.out_bytes if s.action is ShardAction.REWRITE
         else sum(t.nbytes for n, t in files.shards[s.file].tensors.items()
                  if files.weight_map.get(n) == s.file)
         for s in shards
@@ -215,8 +250,10 @@ def _check_shape(lin: Linear) -> None:
 def _draft_head_plan(
     files: CheckpointFiles, layout: MtpLayout, rows: int, dtype: str
 ) -> DraftHeadPlan:
-    if dtype not in ("fp8", "bf16"):
-        raise ConversionError(f"--draft-head-dtype must be fp8 or bf16, not {dtype!r}.")
+    try:
+        head_dtype = HeadDtype(dtype)
+    except ValueError:
+        raise ConversionError(f"--draft-head-dtype must be fp8 or bf16, not {dtype!r}.") from None
     tensor = draft_head_name(layout)
     if tensor in files.tensors:
         raise ConversionError(f"{files.directory} already has {tensor}; it is already a variant "
@@ -229,5 +266,5 @@ def _draft_head_plan(
                           "tied), so there are no head rows to slice for the draft head.")  # fmt: skip
     info = files.tensors[source]
     hidden = info.shape[1] * (2 if info.dtype == "U8" else 1)
-    return DraftHeadPlan(rows=rows, hidden=hidden, dtype=dtype, source_tensor=source,
+    return DraftHeadPlan(rows=rows, hidden=hidden, dtype=head_dtype, source_tensor=source,
                          tensor=tensor)  # fmt: skip

@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             {"case": f"nvfp4->fp8 {out_f}x{in_f}", "bytes": nbytes, "cpu_s": cpu_s,
              "gpu_s": gpu_s, "gpu_e2e_s": e2e_s, "identical": same}
         )  # fmt: skip
-    convert = importlib.util.find_spec("mtpconv.convert") is not None
+    convert = importlib.util.find_spec("mtpconv.commands.quantize_mtp") is not None
     cli_rows: list[dict[str, Any]] = []
     if convert and (args.cli or args.cli_only):
         with tempfile.TemporaryDirectory() as tmp:
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             if r["stderr_tail"]:
                 lines.append(f"<!-- {r['device']} stderr: {r['stderr_tail']!r} -->")
     elif not convert:
-        lines += ["", "mtpconv.convert not present: whole-CLI timing not run"]
+        lines += ["", "mtpconv.commands.quantize_mtp not present: whole-CLI timing not run"]
     md = "\n".join(lines)
     (args.out / "bench_quantize_gpu.json").write_text(
         json.dumps({"meta": meta, "rows": rows, "convert_present": convert, "cli": cli_rows}, indent=1)

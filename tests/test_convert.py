@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mtpconv.commands.fix_exclusions import fix_exclusions
-from mtpconv.convert import quantize_mtp
+from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.errors import ConversionError, OutputError
 from mtpconv.formats.nvfp4 import dequantize_nvfp4
 from mtpconv.layouts import module_of
@@ -170,10 +170,10 @@ def test_nan_weight_names_tensor(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_failure_mid_write_leaves_nothing(nvfp4_vlm_moe: Path, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    import mtpconv.convert as convert
+    import mtpconv.variant as variant
 
     calls = {"n": 0}
-    real = convert.quantize_fp8_checked
+    real = variant.quantize_fp8_checked
 
     def failing(w: torch.Tensor):  # type: ignore[no-untyped-def]
         calls["n"] += 1
@@ -181,7 +181,7 @@ def test_failure_mid_write_leaves_nothing(nvfp4_vlm_moe: Path, tmp_path: Path,
             raise OSError(28, "No space left on device")
         return real(w)
 
-    monkeypatch.setattr(convert, "quantize_fp8_checked", failing)
+    monkeypatch.setattr(variant, "quantize_fp8_checked", failing)
     digest = tree_digest(nvfp4_vlm_moe)
     with pytest.raises(OSError):
         quantize_mtp(str(nvfp4_vlm_moe), tmp_path / "v", device="cpu")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtpconv.convert import quantize_mtp
+from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.formats.fp8 import quantize_fp8_checked
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import raw_tensors

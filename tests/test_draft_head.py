@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mtpconv.checkpoint.digests import sha256_file
-from mtpconv.convert import quantize_mtp
+from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.errors import ConversionError
 from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8
 from mtpconv.formats.nvfp4 import dequantize_nvfp4

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mtpconv.commands.inspect import inspect_checkpoint
-from mtpconv.convert import quantize_mtp
+from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.manifest import read_manifest
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import HUB_COMMIT, populate_hub_cache, raw_tensors, run_cli
@@ -97,7 +97,7 @@ def _local_dir_download(src: Path, etag_of: dict[str, str], stamp: float) -> Non
 
 
 def test_local_dir_download_hashes_are_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import mtpconv.convert as convert
+    import mtpconv.variant as convert
 
     src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5", shards=4))
     plan = quantize_mtp(str(src), tmp_path / "v", device="cpu", dry_run=True).plan

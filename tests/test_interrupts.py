@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from mtpconv.convert import quantize_mtp
+from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.errors import MtpconvError
 from mtpconv.manifest import read_manifest, verify_files
 from mtpconv.testing.checkpoints import Spec, write_checkpoint

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mtpconv.convert import quantize_mtp
+from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from mtpconv.testing.tokenizers import write_tiny_tokenizer
 from tests.helpers import run_cli

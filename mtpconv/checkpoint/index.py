@@ -1,20 +1,22 @@
-"""The weight map of a local checkpoint: which tensor lives in which shard.
+"""The weight map of a checkpoint: which tensor lives in which shard.
 
 Accepts ``model.safetensors.index.json`` + shards, or safetensors files without
 an index (a single ``model.safetensors`` is the common case). Validates the
-index against the shard headers before anything else happens.
+index against the shard headers before anything else happens, and writes the
+text of an index for a new checkpoint.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mtpconv.checkpoint.safetensors_io import SafetensorsHeader, TensorInfo, read_header
 from mtpconv.errors import CheckpointFormatError, SourceError
-from mtpconv.jsonio import read_json
+from mtpconv.jsonio import dumps_json, read_json
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -38,6 +40,18 @@ class CheckpointFiles:
     @property
     def total_tensor_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
+
+    def shard_tensors(self, file: str) -> dict[str, TensorInfo]:
+        """The tensors the weight map places in ``file``, in header order."""
+        return {n: t for n, t in self.shards[file].tensors.items() if self.weight_map.get(n) == file}
+
+
+def index_text(metadata: Mapping[str, Any], weight_map: Mapping[str, str], total_size: int) -> str:
+    """The text of ``model.safetensors.index.json``: ``metadata`` (its ``total_size``
+    replaced) and the weight map sorted by tensor name."""
+    meta = dict(metadata)
+    meta["total_size"] = total_size
+    return dumps_json({"metadata": meta, "weight_map": dict(sorted(weight_map.items()))})
 
 
 def _load_index(path: Path) -> dict[str, Any]:

@@ -41,7 +41,6 @@ DTYPES: dict[str, tuple[torch.dtype, int]] = {
     "F8_E4M3": (torch.float8_e4m3fn, 1),
     "F8_E5M2": (torch.float8_e5m2, 1),
 }
-TORCH_TO_ST = {dt: name for name, (dt, _) in DTYPES.items()}
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
 
 

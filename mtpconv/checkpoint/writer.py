@@ -1,4 +1,4 @@
-"""Writing a variant: streamed safetensors shards, links, and an atomic output dir.
+"""Writing a checkpoint: streamed safetensors shards, its index, links, and an atomic output dir.
 
 Nothing appears at the destination until the whole variant is written and
 fsynced: we build it in a sibling temporary directory and rename it into place.
@@ -17,11 +17,14 @@ import math
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+import torch
+
+from mtpconv.checkpoint.index import INDEX_NAME, index_text
 from mtpconv.checkpoint.safetensors_io import DTYPES
 from mtpconv.errors import OutputError
 from mtpconv.jsonio import write_text_durably
@@ -41,6 +44,12 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * DTYPES[self.dtype][1]
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The raw little-endian bytes of a tensor (moved to the CPU), without a copy when contiguous."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
 def _disk_error(exc: OSError, path: Path) -> OutputError:
@@ -130,14 +139,24 @@ class ShardWriter:
         self._next += 1
 
     def write(self, name: str, data: bytes | bytearray | memoryview) -> None:
+        """Write the next tensor's raw bytes (it must be the next one planned)."""
         self._expect(name, len(data))
         self._out.write(data)
 
+    def write_tensor(self, name: str, t: torch.Tensor) -> None:
+        """Write the next tensor from a torch tensor of the planned dtype."""
+        spec = self._specs[self._next] if self._next < len(self._specs) else None
+        if spec is not None and spec.name == name and DTYPES[spec.dtype][0] != t.dtype:
+            raise AssertionError(f"writer expected {name} as {spec.dtype}, got {t.dtype}")
+        self.write(name, tensor_bytes(t))
+
     def copy(self, name: str, src: BinaryIO, start: int, nbytes: int) -> None:
+        """Copy the next tensor verbatim from ``src`` at ``start``."""
         self._expect(name, nbytes)
         self._out.copy_range(src, start, nbytes)
 
     def close(self) -> str:
+        """Check every planned tensor was written, fsync, and return the file's sha256."""
         if self._next != len(self._specs):
             self._out.abort()
             raise AssertionError(f"{self.path.name}: {len(self._specs) - self._next} tensors unwritten")
@@ -145,6 +164,30 @@ class ShardWriter:
 
     def abort(self) -> None:
         self._out.abort()
+
+
+@dataclass
+class IndexWriter:
+    """The weight map of a checkpoint being written; it writes the index at the end.
+
+    Each shard reports its tensors (name and byte size) as it is written or
+    linked; :meth:`write` turns them into ``model.safetensors.index.json``.
+    """
+
+    metadata: Mapping[str, Any]
+    weight_map: dict[str, str] = field(default_factory=dict)
+    total_size: int = 0
+
+    def add(self, file: str, tensors: Iterable[tuple[str, int]]) -> None:
+        """Record that ``file`` holds ``tensors`` (name, nbytes)."""
+        for name, nbytes in tensors:
+            self.weight_map[name] = file
+            self.total_size += nbytes
+
+    def write(self, directory: Path) -> str:
+        """Write the index into ``directory`` durably and return its sha256."""
+        text = index_text(self.metadata, self.weight_map, self.total_size)
+        return write_json(directory / INDEX_NAME, text)
 
 
 def link_or_copy(src: Path, dst: Path, *, copy: bool = False) -> bool:

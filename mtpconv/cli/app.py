@@ -30,7 +30,6 @@ from mtpconv.cli.options import (
     CreatePrOpt,
     DebugOpt,
     DestinationArg,
-    Device,
     DeviceOpt,
     DraftVocabOpt,
     DraftVocabSizeOpt,
@@ -38,7 +37,6 @@ from mtpconv.cli.options import (
     EvalCorpusOpt,
     FixDestinationArg,
     ForceOpt,
-    HeadDtype,
     HeadDtypeOpt,
     InPlaceOpt,
     JsonOpt,
@@ -57,6 +55,7 @@ from mtpconv.cli.options import (
     TokenOpt,
     VariantDirArg,
 )
+from mtpconv.conversion_options import Device, HeadDtype
 from mtpconv.errors import MtpconvError
 
 app = typer.Typer(
@@ -199,7 +198,7 @@ def quantize_mtp_cmd(
 ) -> None:
     """Write the -mtpfp8 variant: drafter linears in FP8, everything else byte-identical."""
     _apply_switches(quiet=quiet, debug=debug)
-    from mtpconv.convert import quantize_mtp
+    from mtpconv.commands.quantize_mtp import quantize_mtp
 
     with console.byte_progress() as progress:
         report = quantize_mtp(

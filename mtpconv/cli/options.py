@@ -8,28 +8,14 @@ flags carry none, so they do not look as if they took a value.
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from mtpconv.conversion_options import Device, HeadDtype
+
 DEBUG_ENV = "MTPCONV_DEBUG"
-
-
-class Device(str, Enum):
-    """Where the FP8 math of quantize-mtp runs."""
-
-    AUTO = "auto"
-    CPU = "cpu"
-    CUDA = "cuda"
-
-
-class HeadDtype(str, Enum):
-    """The storage dtype of the sliced draft head."""
-
-    FP8 = "fp8"
-    BF16 = "bf16"
 
 
 # Switches accepted both before the command (`mtpconv -q inspect DIR`) and after it

@@ -20,7 +20,7 @@ from mtpconv.findings import Severity
 if TYPE_CHECKING:
     from mtpconv.commands.fix_exclusions import FixReport
     from mtpconv.commands.inspect import InspectReport
-    from mtpconv.convert import ConversionReport
+    from mtpconv.commands.quantize_mtp import ConversionReport
     from mtpconv.draft_vocab.report import DraftVocabReport
     from mtpconv.hub import PublishPlan, PublishResult
 

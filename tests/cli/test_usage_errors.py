@@ -22,12 +22,12 @@ def _one_error_line(err: str) -> str:
 def library_never_called(monkeypatch: pytest.MonkeyPatch) -> None:
     """The seam: a usage error must stop before the command's library function."""
     import mtpconv.commands.fix_exclusions
-    import mtpconv.convert
+    import mtpconv.commands.quantize_mtp
 
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the library was called despite a usage error")
 
-    monkeypatch.setattr(mtpconv.convert, "quantize_mtp", refuse)
+    monkeypatch.setattr(mtpconv.commands.quantize_mtp, "quantize_mtp", refuse)
     monkeypatch.setattr(mtpconv.commands.fix_exclusions, "fix_exclusions", refuse)
 
 

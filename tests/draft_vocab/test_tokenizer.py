@@ -10,7 +10,7 @@ import torch
 
 from mtpconv.checkpoint.index import load_checkpoint_files
 from mtpconv.commands.build_draft_vocab import build_draft_vocab
-from mtpconv.convert import quantize_mtp
+from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.draft_vocab.tokenizer import load_tokenizer_info
 from mtpconv.errors import DraftVocabError
 from mtpconv.formats.draft_ids import save_draft_vocab_ids

@@ -1,0 +1,200 @@
+"""``quantize-mtp``: write the ``-mtpfp8`` variant of a checkpoint (DESIGN §5).
+
+Orchestration only: source -> headers -> layout -> plan (validated) -> shard
+jobs -> writer -> configs -> manifest. The source is only ever opened for
+reading; the output appears atomically, or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtpconv.checkpoint.digests import sha256_file
+from mtpconv.checkpoint.index import CheckpointFiles
+from mtpconv.checkpoint.source import (
+    Source,
+    load_files,
+    looks_like_repo_id,
+    remote_checkpoint,
+    resolve_source,
+)
+from mtpconv.checkpoint.writer import atomic_output_dir
+from mtpconv.conversion_options import Device, HeadDtype
+from mtpconv.errors import ConversionError, interruptible
+from mtpconv.formats.fp8 import QuantError
+from mtpconv.jsonio import read_json
+from mtpconv.layouts import MtpLayout, detect_layout, module_of
+from mtpconv.manifest import read_manifest
+from mtpconv.plan import ConversionPlan, build_plan, check_destination
+from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
+from mtpconv.quantconfig.rewrite import variant_configs
+from mtpconv.variant import Progress, VariantInputs, write_variant
+
+
+@dataclass
+class ConversionReport:
+    """What quantize-mtp did (or, with dry_run, would do)."""
+
+    source: str
+    destination: str
+    plan: ConversionPlan
+    dry_run: bool
+    device: str
+    errors: dict[str, QuantError] = field(default_factory=dict)
+    linked: int = 0
+    copied: int = 0
+    seconds: float = 0.0
+    draft_vocab_size: int | None = None
+
+    @property
+    def max_rel_l2(self) -> float:
+        """The largest relative L2 error of any FP8 tensor (0.0 when none was written)."""
+        return max((e.rel_l2 for e in self.errors.values()), default=0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as ``--json`` prints it."""
+        return {
+            "source": self.source,
+            "destination": self.destination,
+            "dry_run": self.dry_run,
+            "device": self.device,
+            "plan": self.plan.to_dict(),
+            "tensors_converted": len(self.plan.linears),
+            "bytes_saved": self.plan.bytes_before - self.plan.bytes_after,
+            "max_rel_l2": self.max_rel_l2,
+            "linked_files": self.linked,
+            "copied_files": self.copied,
+            "seconds": round(self.seconds, 3),
+            "draft_vocab_size": self.draft_vocab_size,
+        }
+
+
+def pick_device(device: str) -> torch.device:
+    """The torch device for ``device`` (a :class:`Device` value); CUDA must exist when asked for."""
+    try:
+        choice = Device(device)
+    except ValueError:
+        raise ConversionError(f"--device must be auto, cpu or cuda, not {device!r}.") from None
+    if choice is Device.AUTO:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice is Device.CUDA and not torch.cuda.is_available():
+        raise ConversionError("--device cuda was given but no CUDA device is available.")
+    return torch.device(choice.value)
+
+
+def _drafter_modules(layout: MtpLayout, plan: ConversionPlan) -> list[str]:
+    mods = {module_of(n) for n in layout.drafter_tensors}
+    if plan.draft_head is not None:
+        mods.add(module_of(plan.draft_head.tensor))
+    return sorted(mods)
+
+
+def _load(
+    source_spec: str, revision: str | None, *, headers_only: bool = False
+) -> tuple[Source, CheckpointFiles, QuantConfigs, MtpLayout]:
+    """Resolve and validate the source; a Hub repo id with ``headers_only`` downloads no weights."""
+    if headers_only and looks_like_repo_id(source_spec):
+        source, files = remote_checkpoint(source_spec, revision)
+    else:
+        source = resolve_source(source_spec, revision)
+        files = load_files(source)
+    if read_manifest(source.directory) is not None:
+        raise ConversionError(
+            f"{source_spec} is already an -mtpfp8 variant (it has mtpconv.json); "
+            "convert the original checkpoint instead."
+        )
+    configs = load_quant_configs(source.directory)
+    layout = detect_layout(configs.config, files.tensors)
+    return source, files, configs, layout
+
+
+def _read_sidecar(path: Path) -> dict[str, Any]:
+    """The ids file's sidecar (what was counted), or ``{}`` when there is none."""
+    if not path.is_file():
+        return {}
+    doc: dict[str, Any] = read_json(
+        path, ConversionError, remedy="run build-draft-vocab again or delete the sidecar"
+    )
+    return doc
+
+
+def _draft_ids(draft_vocab: str | os.PathLike[str], layout: MtpLayout) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The draft vocab's token ids, validated, and its sidecar's record of what was counted."""
+    from mtpconv.formats.draft_ids import load_draft_vocab_ids, sidecar_path
+
+    if layout.vocab_size is None:
+        raise ConversionError("config.json has no vocab_size; cannot check the draft vocab ids.")
+    ids = load_draft_vocab_ids(draft_vocab, layout.vocab_size)
+    vocab_meta = _read_sidecar(sidecar_path(draft_vocab))
+    if vocab_meta.get("ids_sha256") not in (None, sha256_file(draft_vocab)):
+        vocab_meta = {}  # a stale sidecar from another run: its coverage is not this file's
+    return ids, vocab_meta
+
+
+def quantize_mtp(
+    source_spec: str,
+    dst: str | os.PathLike[str],
+    *,
+    revision: str | None = None,
+    draft_vocab: str | os.PathLike[str] | None = None,
+    draft_head_dtype: str = HeadDtype.FP8,
+    device: str = Device.AUTO,
+    dry_run: bool = False,
+    force: bool = False,
+    copy: bool = False,
+    progress: Progress | None = None,
+) -> ConversionReport:
+    """Write the ``-mtpfp8`` variant of ``source_spec`` to ``dst`` (DESIGN §5)."""
+    started = time.monotonic()
+    dev = pick_device(device)
+    source, files, configs, layout = _load(source_spec, revision, headers_only=dry_run)
+    ids, vocab_meta = (None, {}) if draft_vocab is None else _draft_ids(draft_vocab, layout)
+    dst_path = Path(dst).expanduser()
+    check_destination(source.directory, dst_path)
+    plan = build_plan(
+        files,
+        layout,
+        draft_vocab_rows=None if ids is None else int(ids.numel()),
+        draft_head_dtype=draft_head_dtype,
+    )
+    drafter = _drafter_modules(layout, plan)
+    all_modules = {module_of(n) for n in files.tensors} | set(drafter)
+    new_hf_quant, new_config = variant_configs(configs, drafter, all_modules).documents
+    report = ConversionReport(
+        source=source_spec,
+        destination=str(dst_path),
+        plan=plan,
+        dry_run=dry_run,
+        device=str(dev),
+        draft_vocab_size=None if ids is None else int(ids.numel()),
+    )
+    if dry_run:
+        return report
+    inputs = VariantInputs(
+        source=source,
+        files=files,
+        plan=plan,
+        config=new_config,
+        hf_quant_config=new_hf_quant,
+        device=dev,
+        copy=copy,
+        draft_ids=ids,
+        draft_ids_file=None if draft_vocab is None else Path(draft_vocab),
+        vocab_meta=vocab_meta,
+        progress=progress,
+    )
+    with interruptible(dst_path), atomic_output_dir(dst_path, force=force) as tmp:
+        written = write_variant(tmp, inputs)
+    return replace(
+        report,
+        errors=written.errors,
+        linked=written.linked,
+        copied=written.copied,
+        seconds=time.monotonic() - started,
+    )
