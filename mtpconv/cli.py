@@ -111,8 +111,8 @@ def publish_cmd(
     ] = False,
 ) -> None:
     """Verify a -mtpfp8 variant against its manifest, write its model card, upload it."""
-    from mtpconv.hub import plan_publish, upload_plan
-    from mtpconv.model_card import human_bytes
+    from mtpconv.commands.publish import plan_publish, upload_plan
+    from mtpconv.units import human_bytes
 
     with console.byte_progress() as progress:
         plan = plan_publish(

@@ -1,0 +1,1 @@
+"""One module per command: each orchestrates its job; none imports another."""
