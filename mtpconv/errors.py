@@ -117,13 +117,13 @@ def hub_errors(
     except MtpconvError:
         raise
     except Exception as exc:
-        reason = hub_failure_reason(exc, repo_id=repo_id, revision=revision)
+        reason = _hub_failure_reason(exc, repo_id=repo_id, revision=revision)
         if reason is None:
             raise
         raise error(_redact(f"{step} failed: {reason}", token)) from None
 
 
-def hub_failure_reason(
+def _hub_failure_reason(
     exc: BaseException, *, repo_id: str | None = None, revision: str | None = None
 ) -> str | None:
     """Why a huggingface_hub call failed, as the end of a sentence; None when
