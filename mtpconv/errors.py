@@ -2,12 +2,15 @@
 
 Every message is a sentence a user can act on: it names the file, the tensor
 and what to do. The CLI turns any `MtpconvError` into a single `Error: ...`
-line on stderr and exit code 1.
+line on stderr and exit code 1. Two paths are written here once: the interrupt
+path (:func:`interruptible`) and the Hub-error map (:func:`hub_errors`), which
+every huggingface_hub call goes through.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -76,3 +79,112 @@ def interruptible(target: object) -> Iterator[None]:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+# huggingface_hub's HTTP client has changed with its major versions (requests,
+# then httpx, then httpx2); these are each client's "the server could not be
+# talked to" errors. Only modules already imported are consulted: an exception
+# of one of these classes means its module is loaded.
+_TRANSPORT_ERRORS = {
+    "httpx2": ("TransportError",),
+    "httpx": ("TransportError",),
+    "requests": ("ConnectionError", "Timeout"),
+}
+_HUB_MODULES = ("huggingface_hub", *_TRANSPORT_ERRORS)
+_LOGIN_HINT = " Log in with `hf auth login` or pass --token."
+_FORBIDDEN_HINT = " Your token cannot write there; check its permissions and the namespace."
+
+
+@contextmanager
+def hub_errors(
+    step: str,
+    *,
+    repo_id: str | None = None,
+    revision: str | None = None,
+    token: str | None = None,
+    error: type[MtpconvError] = SourceError,
+) -> Iterator[None]:
+    """The one Hub-error map: a huggingface_hub failure inside the block becomes
+    one ``error`` sentence, ``"<step> failed: <why>."``, with a hint where there is
+    one; the token (``token`` and the one huggingface_hub would use) never appears.
+
+    ``step`` says what was being done and names the repo; ``repo_id`` and
+    ``revision`` fill in the reasons that need them. A connection failure names the
+    endpoint and ends the command at once (callers make no further Hub call).
+    """
+    try:
+        yield
+    except MtpconvError:
+        raise
+    except Exception as exc:
+        reason = _hub_failure_reason(exc, repo_id=repo_id, revision=revision)
+        if reason is None:
+            raise
+        raise error(_redact(f"{step} failed: {reason}", token)) from None
+
+
+def _hub_failure_reason(
+    exc: BaseException, *, repo_id: str | None = None, revision: str | None = None
+) -> str | None:
+    """Why a huggingface_hub call failed, as the end of a sentence; None when
+    ``exc`` is not a Hub, network or file failure (a bug: let it surface)."""
+    from huggingface_hub import constants
+    from huggingface_hub import errors as hf
+
+    repo = repo_id or "the repo"
+    endpoint = constants.ENDPOINT
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    detail = " ".join(str(exc).split()).rstrip(".: ") or type(exc).__name__
+    # Subclasses before their bases: GatedRepoError is a RepositoryNotFoundError,
+    # LocalEntryNotFoundError an EntryNotFoundError, OfflineModeIsEnabled a ConnectionError.
+    if isinstance(exc, hf.GatedRepoError):
+        return f"{repo} is gated: accept its terms on the Hub and set HF_TOKEN."
+    if isinstance(exc, hf.RepositoryNotFoundError):
+        return f"Hub repo {repo} was not found (or needs a token: set HF_TOKEN)."
+    if isinstance(exc, hf.RevisionNotFoundError):
+        return f"revision {revision!r} does not exist in {repo}."
+    if isinstance(exc, hf.LocalEntryNotFoundError):
+        why = (
+            "HF_HUB_OFFLINE is set"
+            if constants.HF_HUB_OFFLINE
+            else f"the Hub at {endpoint} cannot be reached"
+        )
+        return f"{repo} is not in the local Hugging Face cache and {why}."
+    if isinstance(exc, hf.OfflineModeIsEnabled):
+        return f"HF_HUB_OFFLINE is set, so the Hub at {endpoint} is not contacted; unset it."
+    if _is_transport_error(exc):
+        return (
+            f"cannot reach the Hub at {endpoint} ({detail}); check the network or "
+            "HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use only the local cache."
+        )
+    if isinstance(exc, hf.LocalTokenNotFoundError) or status == 401:
+        return f"{detail}.{_LOGIN_HINT}"
+    if status == 403:
+        return f"{detail}.{_FORBIDDEN_HINT}"
+    if isinstance(exc, hf.HfHubHTTPError):
+        return f"the Hub refused it: {detail}."
+    if isinstance(exc, OSError | ValueError) or type(exc).__module__.split(".")[0] in _HUB_MODULES:
+        return f"{detail}."
+    return None
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    for module_name, names in _TRANSPORT_ERRORS.items():
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        classes = tuple(c for n in names if isinstance(c := getattr(module, n, None), type))
+        if classes and isinstance(exc, classes):
+            return True
+    return False
+
+
+def _redact(text: str, token: str | None) -> str:
+    from huggingface_hub import get_token
+
+    for secret in {token, get_token()}:
+        if secret:
+            text = text.replace(secret, "***")
+    return text

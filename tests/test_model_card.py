@@ -11,8 +11,8 @@ from huggingface_hub import ModelCard
 
 from mtpconv.errors import ManifestError
 from mtpconv.manifest import write_manifest
-from mtpconv.model_card import build_model_card, find_license, human_bytes
-from tests.test_publish import isolate_hub, make_variant  # noqa: F401  (autouse fixture)
+from mtpconv.model_card import build_model_card, find_license
+from tests.publish_support import isolate_hub, make_variant  # noqa: F401  (autouse fixture)
 
 REPO = "alice/Tiny-MTP-mtpfp8"
 
@@ -76,9 +76,7 @@ def test_error_statistics_not_recorded(tmp_path: Path) -> None:
 def test_draft_vocabulary_section(tmp_path: Path) -> None:
     directory, manifest = make_variant(tmp_path / "v")
     _, body = _split(build_model_card(directory, manifest, REPO))
-    assert (
-        "- 64 token ids (`mtp_draft_vocab_ids.pt`), head `mtp.draft_lm_head.weight` in fp8." in body
-    )
+    assert "- 64 token ids (`mtp_draft_vocab_ids.pt`), head `mtp.draft_lm_head.weight` in fp8." in body
     assert "- Coverage of the corpus: 97.31%." in body
     assert "- Corpus: name: tiny-corpus, documents: 1,200, tokens: 345,678." in body
 
@@ -166,10 +164,3 @@ def test_linear_missing_from_headers_is_a_manifest_error(tmp_path: Path) -> None
     write_manifest(directory, manifest)
     with pytest.raises(ManifestError, match=r"mtp\.layers\.0\.mlp\.down_proj\.weight"):
         build_model_card(directory, manifest, REPO)
-
-
-@pytest.mark.parametrize(
-    ("n", "text"), [(0, "0 B"), (1023, "1023 B"), (1536, "1.50 KiB"), (3 << 30, "3.00 GiB")]
-)
-def test_human_bytes(n: int, text: str) -> None:
-    assert human_bytes(n) == text

@@ -9,14 +9,13 @@ never tensor data.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterator
-from contextlib import contextmanager
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from mtpconv.checkpoint.index import CheckpointFiles, load_checkpoint_files
 from mtpconv.checkpoint.safetensors_io import SafetensorsHeader, TensorInfo
-from mtpconv.errors import SourceError
+from mtpconv.errors import SourceError, hub_errors
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # Small files a conversion needs besides the weights (and which inspect reads).
@@ -44,32 +43,6 @@ def looks_like_repo_id(spec: str) -> bool:
     return not Path(spec).expanduser().exists() and bool(_REPO_ID.match(spec))
 
 
-@contextmanager
-def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
-    from huggingface_hub import errors as hf_errors
-
-    what = f"{repo_id}" + (f"@{revision}" if revision else "")
-    try:
-        yield
-    except hf_errors.RepositoryNotFoundError:
-        raise SourceError(
-            f"Hub repo {repo_id} was not found (or needs a token: set HF_TOKEN)."
-        ) from None
-    except hf_errors.RevisionNotFoundError:
-        raise SourceError(f"revision {revision!r} does not exist in {repo_id}.") from None
-    except hf_errors.GatedRepoError:
-        raise SourceError(f"{repo_id} is gated: accept its terms and set HF_TOKEN.") from None
-    except hf_errors.LocalEntryNotFoundError:
-        raise SourceError(
-            f"{what} is not in the local Hugging Face cache and the Hub cannot be reached "
-            "(HF_HUB_OFFLINE is set or there is no network)."
-        ) from None
-    except hf_errors.HfHubHTTPError as exc:
-        raise SourceError(f"the Hub refused {what}: {exc}") from None
-    except OSError as exc:
-        raise SourceError(f"cannot fetch {what}: {exc}") from None
-
-
 def resolve_source(
     spec: str, revision: str | None = None, *, allow_patterns: Collection[str] | None = None
 ) -> Source:
@@ -88,13 +61,18 @@ def resolve_source(
         raise SourceError(f"{spec} is neither a directory nor a Hub repo id (owner/name).")
     from huggingface_hub import snapshot_download
 
-    with _hub_errors(spec, revision):
-        snapshot = Path(snapshot_download(
-            repo_id=spec, revision=revision,
-            allow_patterns=None if allow_patterns is None else list(allow_patterns)))  # fmt: skip
+    with hub_errors(f"fetching {_at(spec, revision)}", repo_id=spec, revision=revision):
+        snapshot = Path(
+            snapshot_download(
+                repo_id=spec,
+                revision=revision,
+                allow_patterns=None if allow_patterns is None else list(allow_patterns),
+            )
+        )
     # Snapshot files are links into the repo's blob store two levels up.
-    return Source(spec=spec, directory=snapshot, repo_id=spec, revision=revision,
-                  link_root=snapshot.parent.parent)  # fmt: skip
+    return Source(
+        spec=spec, directory=snapshot, repo_id=spec, revision=revision, link_root=snapshot.parent.parent
+    )
 
 
 def load_files(source: Source) -> CheckpointFiles:
@@ -103,31 +81,57 @@ def load_files(source: Source) -> CheckpointFiles:
 
 
 def remote_checkpoint(spec: str, revision: str | None) -> tuple[Source, CheckpointFiles]:
-    """Configs (downloaded, small) and safetensors headers (range requests) of a Hub repo."""
+    """Configs (downloaded, small) and safetensors headers (range requests) of a Hub repo.
+
+    The first call is one ``model_info`` request, which huggingface_hub does not
+    retry: an unreachable Hub ends the command there, instead of in
+    ``hf_hub_download``'s retries (about 23 s) for each config file in turn.
+    """
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub import errors as hf_errors
 
     api = HfApi()
+    where = _at(spec, revision)
+    with hub_errors(f"looking up {where}", repo_id=spec, revision=revision):
+        info = api.model_info(spec, revision=revision)
+    # Only the config files the repo has: each absent one would cost a request.
+    listed = None if info.siblings is None else {s.rfilename for s in info.siblings}
     directory: Path | None = None
-    with _hub_errors(spec, revision):
-        for name in CONFIG_FILES:
+    for name in CONFIG_FILES:
+        if listed is not None and name not in listed:
+            continue
+        with hub_errors(f"fetching {name} of {where}", repo_id=spec, revision=revision):
             try:
                 got = Path(hf_hub_download(repo_id=spec, filename=name, revision=revision))
-            except hf_errors.EntryNotFoundError:
+            except hf_errors.EntryNotFoundError as exc:
+                if isinstance(exc, hf_errors.LocalEntryNotFoundError):
+                    raise  # not "absent from the repo": the Hub stopped answering
                 continue
-            directory = directory or got.parent
-        meta = api.get_safetensors_metadata(spec, revision=revision)
+        directory = directory or got.parent
     if directory is None:
         raise SourceError(f"Hub repo {spec} has no config.json; it is not a model checkpoint.")
+    with hub_errors(f"reading the safetensors headers of {where}", repo_id=spec, revision=revision):
+        meta = api.get_safetensors_metadata(spec, revision=revision)
     shards: dict[str, SafetensorsHeader] = {}
     for file, fmeta in meta.files_metadata.items():
         tensors = {
-            name: TensorInfo(name=name, dtype=t.dtype, shape=tuple(t.shape), file=file,
-                             start=t.data_offsets[0], end=t.data_offsets[1])  # fmt: skip
+            name: TensorInfo(
+                name=name,
+                dtype=t.dtype,
+                shape=tuple(t.shape),
+                file=file,
+                start=t.data_offsets[0],
+                end=t.data_offsets[1],
+            )
             for name, t in fmeta.tensors.items()
         }
-        shards[file] = SafetensorsHeader(file=file, data_start=0, tensors=tensors,
-                                         metadata=dict(fmeta.metadata or {}))  # fmt: skip
+        shards[file] = SafetensorsHeader(
+            file=file, data_start=0, tensors=tensors, metadata=dict(fmeta.metadata or {})
+        )
     weight_map = dict(meta.weight_map)
     files = CheckpointFiles(directory, None, {}, shards, weight_map)
     return Source(spec=spec, directory=directory, repo_id=spec, revision=revision), files
+
+
+def _at(spec: str, revision: str | None) -> str:
+    return spec + (f"@{revision}" if revision else "")

@@ -152,7 +152,7 @@ def publish_cmd(
 ) -> None:
     """Verify a -mtpfp8 variant against its manifest, write its model card, upload it."""
     _apply_switches(quiet=quiet, debug=debug)
-    from mtpconv.hub import plan_publish, upload_plan
+    from mtpconv.commands.publish import plan_publish, upload_plan
 
     with console.byte_progress() as progress:
         plan = plan_publish(

@@ -14,15 +14,16 @@ import typer
 from rich.table import Table
 
 from mtpconv import console
-from mtpconv.console import human_bytes, out_console
+from mtpconv.console import out_console
 from mtpconv.findings import Severity
+from mtpconv.units import human_bytes
 
 if TYPE_CHECKING:
     from mtpconv.commands.fix_exclusions import FixReport
     from mtpconv.commands.inspect import InspectReport
+    from mtpconv.commands.publish import PublishPlan, PublishResult
     from mtpconv.commands.quantize_mtp import ConversionReport
     from mtpconv.draft_vocab.report import DraftVocabReport
-    from mtpconv.hub import PublishPlan, PublishResult
 
 _SEVERITY_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -160,15 +161,12 @@ def render_draft_vocab(r: DraftVocabReport) -> None:
 
 def render_publish_plan(plan: PublishPlan) -> None:
     """The ``publish --dry-run`` listing: every file, its size, and the generated card."""
-    # The listing keeps the model card's byte format (exact bytes below 1 KiB).
-    from mtpconv.model_card import human_bytes as card_bytes
-
     where = plan.repo_id + (f" @ {plan.revision}" if plan.revision else "")
     where += " as a pull request" if plan.create_pr else ""
-    _echo(f"Would upload {len(plan.items)} files ({card_bytes(plan.total_bytes)}) to {where}:")
+    _echo(f"Would upload {len(plan.items)} files ({human_bytes(plan.total_bytes)}) to {where}:")
     for item in plan.items:
         note = "  (generated)" if item.local is None else ""
-        _echo(f"  {card_bytes(item.size):>12}  {item.path_in_repo}{note}")
+        _echo(f"  {human_bytes(item.size):>12}  {item.path_in_repo}{note}")
     if plan.card is not None:
         _echo("\n--- README.md (generated) ---\n" + plan.card.rstrip())
 

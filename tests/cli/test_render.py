@@ -10,7 +10,7 @@ import pytest
 
 from mtpconv.cli import render
 from mtpconv.commands.fix_exclusions import FixReport
-from mtpconv.hub import PublishPlan, PublishResult, UploadItem
+from mtpconv.commands.publish import PublishPlan, PublishResult, UploadItem
 
 
 def _plan(card: str | None = "---\nlicense: other\n---\n# Card\n") -> PublishPlan:
@@ -68,7 +68,7 @@ def test_json_is_one_document(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_start_up_imports_no_command_module() -> None:
     """``mtpconv --help`` stays fast: the command modules (torch, huggingface_hub) load lazily."""
-    heavy = ["torch", "huggingface_hub", "mtpconv.commands.quantize_mtp", "mtpconv.commands.inspect", "mtpconv.hub",
+    heavy = ["torch", "huggingface_hub", "mtpconv.commands.quantize_mtp", "mtpconv.commands.inspect", "mtpconv.commands.publish",
              "mtpconv.commands.build_draft_vocab", "mtpconv.commands.fix_exclusions"]  # fmt: skip
     code = f"import sys, mtpconv.cli; print([m for m in {heavy!r} if m in sys.modules])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

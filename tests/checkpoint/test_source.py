@@ -1,4 +1,5 @@
-"""Hub repo ids as sources: the HF cache layout (snapshots linking into blobs), offline."""
+"""Hub repo ids as sources: the HF cache layout (snapshots linking into blobs), offline;
+remote headers for inspect, and how they stop at the first Hub failure."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -64,15 +66,28 @@ def test_remote_inspect_reads_headers(cached_repo: Path, monkeypatch: pytest.Mon
         files = {}
         for file in sorted(set(index["weight_map"].values())):
             h = read_header(cached_repo / file)
-            tensors = {n: TensorInfo(dtype=t.dtype, shape=list(t.shape),  # type: ignore[arg-type]
-                                     data_offsets=(t.start - h.data_start, t.end - h.data_start))
-                       for n, t in h.tensors.items()}  # fmt: skip
+            tensors = {
+                n: TensorInfo(
+                    dtype=t.dtype,
+                    shape=list(t.shape),  # type: ignore[arg-type]
+                    data_offsets=(t.start - h.data_start, t.end - h.data_start),
+                )
+                for n, t in h.tensors.items()
+            }
             files[file] = SafetensorsFileMetadata(metadata=h.metadata or {}, tensors=tensors)
-        return SafetensorsRepoMetadata(metadata=None, sharded=True, weight_map=index["weight_map"],
-                                       files_metadata=files)  # fmt: skip
+        return SafetensorsRepoMetadata(
+            metadata=None, sharded=True, weight_map=index["weight_map"], files_metadata=files
+        )
+
+    def fake_info(self: object, repo_id: str, revision: str | None = None, **_: object) -> object:
+        assert repo_id == REPO
+        return SimpleNamespace(
+            sha=HUB_COMMIT, siblings=[SimpleNamespace(rfilename=p.name) for p in cached_repo.iterdir()]
+        )
 
     monkeypatch.setattr("mtpconv.checkpoint.source.hf_hub_download", fake_download, raising=False)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", fake_info)
     monkeypatch.setattr(huggingface_hub.HfApi, "get_safetensors_metadata", fake_metadata)
     report = inspect_checkpoint(REPO)
     assert report.family == "qwen3_5_moe" and report.shards == 3
@@ -126,3 +141,61 @@ def test_stale_download_record_is_ignored(tmp_path: Path) -> None:
     manifest = read_manifest(tmp_path / "v")
     assert manifest is not None
     assert manifest.files[first.name] == hashlib.sha256(first.read_bytes()).hexdigest()
+
+
+def _fake_hub(
+    monkeypatch: pytest.MonkeyPatch, siblings: list[str] | None, fail: dict[str, Exception]
+) -> list[str]:
+    """model_info / hf_hub_download / get_safetensors_metadata that record what was asked."""
+    import huggingface_hub
+
+    asked: list[str] = []
+
+    def info(self: object, repo_id: str, revision: str | None = None, **_: object) -> object:
+        asked.append("model_info")
+        listing = None if siblings is None else [SimpleNamespace(rfilename=n) for n in siblings]
+        return SimpleNamespace(sha=HUB_COMMIT, siblings=listing)
+
+    def download(repo_id: str, filename: str, revision: str | None = None, **_: object) -> str:
+        asked.append(filename)
+        if filename in fail:
+            raise fail[filename]
+        raise AssertionError(f"unexpected download of {filename}")
+
+    def metadata(self: object, *_: object, **__: object) -> object:
+        asked.append("metadata")
+        raise AssertionError("headers read after a failed download")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", info)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    monkeypatch.setattr(huggingface_hub.HfApi, "get_safetensors_metadata", metadata)
+    return asked
+
+
+def test_remote_inspect_stops_at_the_first_unreachable_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A download the Hub stops answering ends inspect; the next config file is not tried."""
+    from huggingface_hub import errors as hf_errors
+
+    from mtpconv.checkpoint.source import remote_checkpoint
+    from mtpconv.errors import SourceError
+
+    lost = hf_errors.LocalEntryNotFoundError("cannot reach the Hub")
+    asked = _fake_hub(monkeypatch, None, {"config.json": lost})
+    with pytest.raises(SourceError, match=r"^fetching config\.json of acme/x failed: acme/x is not in"):
+        remote_checkpoint("acme/x", None)
+    assert asked == ["model_info", "config.json"]
+
+
+def test_remote_inspect_downloads_only_listed_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the repo's file list, absent config files cost no request; a listed one that
+    vanished (404) is skipped, and no config.json at all is one error naming the repo."""
+    from huggingface_hub import errors as hf_errors
+
+    from mtpconv.checkpoint.source import remote_checkpoint
+    from mtpconv.errors import SourceError
+
+    gone = hf_errors.EntryNotFoundError("config.json not found")
+    asked = _fake_hub(monkeypatch, ["config.json", "model.safetensors"], {"config.json": gone})
+    with pytest.raises(SourceError, match="Hub repo acme/x has no config.json"):
+        remote_checkpoint("acme/x", "v1")
+    assert asked == ["model_info", "config.json"]

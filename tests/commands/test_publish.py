@@ -1,145 +1,28 @@
 """``mtpconv publish``: verification, the exact Hub calls at the seam, dry runs, the CLI.
 
-No test contacts the Hub: ``mtpconv.hub.make_api`` is replaced by a recorder (or by a
+Every test runs what the CLI runs: ``plan_publish`` (``--dry-run`` stops there) and
+then ``upload_plan``, or ``mtpconv publish`` itself through ``main``. No test contacts
+the Hub: ``mtpconv.commands.publish.make_api`` is replaced by a recorder (or by a
 function that fails the test), and sockets refuse to connect.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import socket
+from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
-from mtpconv import __version__, console, hub
-from mtpconv.checkpoint.digests import sha256_file
+from mtpconv import __version__
 from mtpconv.cli import main
+from mtpconv.commands import publish as publish_cmd
+from mtpconv.commands.publish import PublishPlan, PublishResult, plan_publish, upload_plan
 from mtpconv.errors import ManifestError, PublishError
-from mtpconv.hub import PublishPlan, publish, verify_variant
-from mtpconv.manifest import (
-    DrafterSection,
-    DraftVocabSection,
-    Manifest,
-    write_manifest,
-)
+from mtpconv.manifest import read_manifest, write_manifest
 from mtpconv.model_card import build_model_card
-
-TOKEN = "hf_SECRETtoken1234567890"
-H = 32
-LINEARS = ["mtp.fc", "mtp.layers.0.self_attn.q_proj"]
-
-
-# --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(autouse=True)
-def isolate_hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """No Hub token, no Hub cache, no network, no real HfApi; a wide terminal."""
-    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "MTPCONV_DEBUG"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("COLUMNS", "200")
-
-    def no_hub() -> Any:
-        raise AssertionError("a test reached for the real Hub client")
-
-    def no_network(*_a: Any, **_k: Any) -> Any:
-        raise AssertionError("a test opened a network connection")
-
-    monkeypatch.setattr(hub, "make_api", no_hub)
-    monkeypatch.setattr(socket.socket, "connect", no_network)
-    console.set_quiet(False)
-    yield
-    console.set_quiet(False)
-
-
-def _fp8(shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
-
-
-def _bf16(shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(torch.bfloat16)
-
-
-def make_variant(
-    root: Path,
-    *,
-    source: dict[str, Any] | None = None,
-    draft_vocab: bool = True,
-    readme: str | None = None,
-    readme_listed: bool = False,
-    license_file: bool = False,
-    errors: dict[str, dict[str, float]] | None = None,
-) -> tuple[Path, Manifest]:
-    """A tiny but real -mtpfp8 variant: two shards + index, FP8 drafter, manifest."""
-    root.mkdir(parents=True, exist_ok=True)
-    shard1 = {
-        "model.embed_tokens.weight": _bf16((256, H), 1),
-        "lm_head.weight": _bf16((256, H), 2),
-    }
-    shard2 = {
-        "mtp.fc.weight": _fp8((H, 2 * H), 3),
-        "mtp.fc.weight_scale": torch.tensor(0.01, dtype=torch.float32),
-        "mtp.layers.0.self_attn.q_proj.weight": _fp8((H, H), 4),
-        "mtp.layers.0.self_attn.q_proj.weight_scale": torch.tensor(0.02, dtype=torch.float32),
-        "mtp.norm.weight": _bf16((H,), 5),
-    }
-    if draft_vocab:
-        shard2["mtp.draft_lm_head.weight"] = _fp8((64, H), 6)
-        shard2["mtp.draft_lm_head.weight_scale"] = torch.tensor(0.03, dtype=torch.float32)
-        torch.save(torch.arange(64, dtype=torch.int64), root / "mtp_draft_vocab_ids.pt")
-    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
-    save_file(shard1, str(root / names[0]))
-    save_file(shard2, str(root / names[1]))
-    weight_map = {k: names[0] for k in shard1} | {k: names[1] for k in shard2}
-    (root / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map})
-    )
-    (root / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "hidden_size": H}))
-    if readme is not None:
-        (root / "README.md").write_text(readme)
-    if license_file:
-        (root / "LICENSE").write_text("Some license text.\n")
-    listed = sorted(
-        p.name for p in root.iterdir() if p.is_file() and (p.name != "README.md" or readme_listed)
-    )
-    vocab = None
-    if draft_vocab:
-        vocab = DraftVocabSection(
-            size=64,
-            file="mtp_draft_vocab_ids.pt",
-            sha256=sha256_file(root / "mtp_draft_vocab_ids.pt"),
-            head_tensor="mtp.draft_lm_head.weight",
-            head_dtype="fp8",
-            coverage=0.9731,
-            corpus={"name": "tiny-corpus", "documents": 1200, "tokens": 345678},
-        )
-    manifest = Manifest(
-        source=source
-        if source is not None
-        else {"path": None, "repo_id": "acme/Tiny-MTP", "revision": "abc123", "files": {}},
-        family="qwen3_5",
-        drafter=DrafterSection(prefix="mtp.", fp8_linears=list(LINEARS)),
-        draft_vocab=vocab,
-        quantization_error=errors
-        if errors is not None
-        else {
-            "mtp.fc": {"rel_l2": 0.021, "max_abs": 0.004, "amax": 1.5},
-            "mtp.layers.0.self_attn.q_proj": {"rel_l2": 0.035, "max_abs": 0.002, "amax": 0.9},
-        },
-        files={rel: sha256_file(root / rel) for rel in listed},
-    )
-    write_manifest(root, manifest)
-    return root, manifest
+from tests.publish_support import TOKEN, RecordingApi, isolate_hub, make_variant  # noqa: F401
 
 
 @pytest.fixture
@@ -147,42 +30,23 @@ def variant(tmp_path: Path) -> Path:
     return make_variant(tmp_path / "Tiny-MTP-mtpfp8")[0]
 
 
-class RecordingApi:
-    """Stands in for HfApi at the seam and records every call with its exact arguments."""
+def publish(
+    directory: Path,
+    *,
+    api: RecordingApi,
+    token: str | None = None,
+    notify: Callable[[str], None] | None = None,
+    show_progress: bool = True,
+    **options: Any,
+) -> PublishResult:
+    """The two calls ``mtpconv publish`` makes, with the recorder as the Hub client."""
+    plan = plan_publish(directory, token=token, api=api, notify=notify, **options)
+    return upload_plan(plan, token=token, api=api, notify=notify, show_progress=show_progress)
 
-    def __init__(self, *, private_repo: bool = True, fail: dict[str, Exception] | None = None):
-        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-        self.private_repo = private_repo
-        self.fail = fail or {}
 
-    def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
-        self.calls.append((name, args, kwargs))
-        if name in self.fail:
-            raise self.fail[name]
-
-    def whoami(self, token: str | None = None) -> dict[str, Any]:
-        self._record("whoami", token=token)
-        return {"name": "alice", "type": "user"}
-
-    def create_repo(self, repo_id: str, **kwargs: Any) -> str:
-        self._record("create_repo", repo_id, **kwargs)
-        return f"https://huggingface.co/{repo_id}"
-
-    def repo_info(self, repo_id: str, **kwargs: Any) -> Any:
-        self._record("repo_info", repo_id, **kwargs)
-        return SimpleNamespace(private=self.private_repo)
-
-    def create_branch(self, repo_id: str, **kwargs: Any) -> None:
-        self._record("create_branch", repo_id, **kwargs)
-
-    def create_commit(self, repo_id: str, operations: Any, **kwargs: Any) -> Any:
-        ops = [(op.path_in_repo, op.path_or_fileobj) for op in operations]
-        self._record("create_commit", repo_id, ops, **kwargs)
-        pr = "https://huggingface.co/x/y/discussions/1" if kwargs.get("create_pr") else None
-        return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/c0ffee", pr_url=pr)
-
-    def names(self) -> list[str]:
-        return [c[0] for c in self.calls]
+def verify(directory: Path, progress: Any = None) -> PublishPlan:
+    """What ``mtpconv publish --dry-run`` runs: every check, no Hub call."""
+    return plan_publish(directory, offline=True, progress=progress)
 
 
 def _files_ops(directory: Path) -> list[tuple[str, str]]:
@@ -203,7 +67,9 @@ def test_publish_default_repo_exact_calls(variant: Path) -> None:
     result = publish(variant, api=api)
 
     repo = "alice/Tiny-MTP-mtpfp8"
-    card = build_model_card(variant, verify_variant(variant), repo).encode("utf-8")
+    manifest = read_manifest(variant)
+    assert manifest is not None
+    card = build_model_card(variant, manifest, repo).encode("utf-8")
     assert api.calls == [
         ("whoami", (), {"token": None}),
         ("create_repo", (repo,), {"token": None, "private": False, "exist_ok": True}),
@@ -219,29 +85,40 @@ def test_publish_default_repo_exact_calls(variant: Path) -> None:
         ),
     ]
     assert result.commit_url == f"https://huggingface.co/{repo}/commit/c0ffee"
-    assert result.pr_url is None and not result.dry_run
+    assert result.pr_url is None
 
 
 def test_publish_private_branch_pr_token_message(variant: Path) -> None:
     api = RecordingApi(private_repo=True)
     result = publish(
-        variant, repo_id="org/custom", private=True, revision="fp8-drafter", create_pr=True,
-        token=TOKEN, commit_message="Add FP8 drafter", api=api,
-    )  # fmt: skip
+        variant,
+        repo_id="org/custom",
+        private=True,
+        revision="fp8-drafter",
+        create_pr=True,
+        token=TOKEN,
+        commit_message="Add FP8 drafter",
+        api=api,
+    )
     assert api.names() == ["create_repo", "repo_info", "create_branch", "create_commit"]
     assert api.calls[0] == (
-        "create_repo", ("org/custom",), {"token": TOKEN, "private": True, "exist_ok": True}
-    )  # fmt: skip
+        "create_repo",
+        ("org/custom",),
+        {"token": TOKEN, "private": True, "exist_ok": True},
+    )
     assert api.calls[1] == ("repo_info", ("org/custom",), {"token": TOKEN})
     assert api.calls[2] == (
-        "create_branch", ("org/custom",),
+        "create_branch",
+        ("org/custom",),
         {"branch": "fp8-drafter", "token": TOKEN, "exist_ok": True},
-    )  # fmt: skip
+    )
     name, args, kwargs = api.calls[3]
     assert kwargs == {
-        "commit_message": "Add FP8 drafter", "token": TOKEN,
-        "revision": "fp8-drafter", "create_pr": True,
-    }  # fmt: skip
+        "commit_message": "Add FP8 drafter",
+        "token": TOKEN,
+        "revision": "fp8-drafter",
+        "create_pr": True,
+    }
     assert [op[0] for op in args[1]][-1] == "README.md"
     assert result.pr_url == "https://huggingface.co/x/y/discussions/1"
 
@@ -379,10 +256,9 @@ def test_publishes_what_quantize_mtp_writes(tmp_path: Path) -> None:
 
 
 def test_dry_run_contacts_nothing(variant: Path) -> None:
-    # The autouse fixture makes make_api() and socket.connect fail the test.
-    result = publish(variant, dry_run=True, token=TOKEN)
-    plan = result.plan
-    assert result.dry_run and result.commit_url is None
+    # The autouse fixture makes make_api() and socket.connect fail the test, so
+    # nothing is uploaded (the plan carries no commit).
+    plan = plan_publish(variant, offline=True, token=TOKEN)
     assert plan.repo_id == "<your-username>/Tiny-MTP-mtpfp8"
     assert [i.path_in_repo for i in plan.items] == [n for n, _ in _files_ops(variant)] + ["README.md"]
     assert plan.card is not None and "vllm serve <your-username>/Tiny-MTP-mtpfp8" in plan.card
@@ -391,7 +267,7 @@ def test_dry_run_contacts_nothing(variant: Path) -> None:
 
 
 def test_dry_run_with_repo_id_uses_it(variant: Path) -> None:
-    plan: PublishPlan = publish(variant, repo_id="org/x", dry_run=True).plan
+    plan: PublishPlan = plan_publish(variant, repo_id="org/x", offline=True)
     assert plan.repo_id == "org/x"
 
 
@@ -401,31 +277,31 @@ def test_dry_run_with_repo_id_uses_it(variant: Path) -> None:
 def test_refuses_directory_without_manifest(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(PublishError, match="no mtpconv.json"):
-        verify_variant(tmp_path)
+        verify(tmp_path)
 
 
 def test_refuses_missing_directory(tmp_path: Path) -> None:
     with pytest.raises(PublishError, match="is not a directory"):
-        verify_variant(tmp_path / "nope")
+        verify(tmp_path / "nope")
 
 
 def test_refuses_malformed_manifest(variant: Path) -> None:
     (variant / "mtpconv.json").write_text("{not json")
     with pytest.raises(ManifestError, match="cannot be read as JSON"):
-        verify_variant(variant)
+        verify(variant)
 
 
 def test_refuses_tampered_file_naming_it(variant: Path) -> None:
     with open(variant / "config.json", "a") as f:
         f.write(" ")
     with pytest.raises(PublishError, match=r"^config\.json in .* does not match its sha256"):
-        verify_variant(variant)
+        verify(variant)
 
 
 def test_refuses_missing_file_naming_it(variant: Path) -> None:
     os.remove(variant / "model-00002-of-00002.safetensors")
     with pytest.raises(PublishError, match="missing model-00002-of-00002.safetensors"):
-        verify_variant(variant)
+        verify(variant)
 
 
 def test_refuses_unlisted_files_naming_them(variant: Path) -> None:
@@ -433,7 +309,7 @@ def test_refuses_unlisted_files_naming_them(variant: Path) -> None:
     (variant / "sub").mkdir()
     (variant / "sub" / "notes.txt").write_text("x")
     with pytest.raises(PublishError, match=r"not listed in mtpconv.json: \.DS_Store, sub/notes"):
-        verify_variant(variant)
+        verify(variant)
 
 
 def test_allows_readme_and_hub_bookkeeping_dirs(variant: Path) -> None:
@@ -442,7 +318,7 @@ def test_allows_readme_and_hub_bookkeeping_dirs(variant: Path) -> None:
     (variant / ".cache" / "huggingface" / "download.lock").write_text("")
     (variant / ".git").mkdir()
     (variant / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
-    verify_variant(variant)
+    verify(variant)
     api = RecordingApi()
     publish(variant, repo_id="org/x", api=api)
     uploaded = [p for p, _ in api.calls[-1][1][1]]
@@ -455,7 +331,7 @@ def test_refuses_index_shard_not_in_manifest(tmp_path: Path) -> None:
     os.remove(directory / "model-00002-of-00002.safetensors")
     write_manifest(directory, manifest)
     with pytest.raises(PublishError, match="references shards .* model-00002-of-00002"):
-        verify_variant(directory)
+        verify(directory)
 
 
 @pytest.mark.parametrize("bad", ["../outside.bin", "/etc/passwd", "mtpconv.json"])
@@ -464,7 +340,7 @@ def test_refuses_paths_outside_the_variant(tmp_path: Path, bad: str) -> None:
     manifest.files[bad] = "0" * 64
     write_manifest(directory, manifest)
     with pytest.raises(ManifestError, match="paths outside the variant"):
-        verify_variant(directory)
+        verify(directory)
 
 
 def test_refuses_manifest_without_config_or_weights(tmp_path: Path) -> None:
@@ -472,11 +348,11 @@ def test_refuses_manifest_without_config_or_weights(tmp_path: Path) -> None:
     manifest.files = {"config.json": manifest.files["config.json"]}
     write_manifest(directory, manifest)
     with pytest.raises(ManifestError, match=r"does not list a \.safetensors file"):
-        verify_variant(directory)
+        verify(directory)
     manifest.files = {}
     write_manifest(directory, manifest)
     with pytest.raises(ManifestError, match="lists no files"):
-        verify_variant(directory)
+        verify(directory)
 
 
 def test_verify_reports_progress(variant: Path) -> None:
@@ -489,7 +365,7 @@ def test_verify_reports_progress(variant: Path) -> None:
         def advance(self, n: int) -> None:
             events.append(("advance", n))
 
-    verify_variant(variant, Recorder())
+    verify(variant, Recorder())
     total = events[0][1]
     assert events[0][0] == "start" and sum(n for k, n in events[1:]) == total > 0
 
@@ -521,7 +397,7 @@ def test_cli_publish_prints_the_commit_url(
     variant: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     api = RecordingApi()
-    monkeypatch.setattr(hub, "make_api", lambda: api)
+    monkeypatch.setattr(publish_cmd, "make_api", lambda: api)
     code, out, err = _run(
         ["publish", str(variant), "--repo-id", "org/x", "--private", "--token", TOKEN], capsys
     )
@@ -535,7 +411,7 @@ def test_cli_publish_prints_the_commit_url(
 def test_cli_quiet_prints_only_data(
     variant: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hub, "make_api", RecordingApi)
+    monkeypatch.setattr(publish_cmd, "make_api", RecordingApi)
     code, out, err = _run(["--quiet", "publish", str(variant), "--repo-id", "org/x"], capsys)
     assert (code, err) == (0, "")
     assert out.strip().endswith("/commit/c0ffee")
@@ -545,7 +421,7 @@ def test_cli_tampered_dir_is_one_error_line(
     variant: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     api = RecordingApi()
-    monkeypatch.setattr(hub, "make_api", lambda: api)
+    monkeypatch.setattr(publish_cmd, "make_api", lambda: api)
     (variant / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 16)
     code, out, err = _run(["publish", str(variant), "--token", TOKEN], capsys)
     assert code == 1 and out == ""
@@ -567,7 +443,7 @@ def test_cli_hub_failure_never_prints_the_token(
     variant: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     api = RecordingApi(fail={"create_commit": ValueError(f"bad header Bearer {TOKEN}")})
-    monkeypatch.setattr(hub, "make_api", lambda: api)
+    monkeypatch.setattr(publish_cmd, "make_api", lambda: api)
     code, out, err = _run(["publish", str(variant), "--repo-id", "org/x", "--token", TOKEN], capsys)
     assert code == 1
     assert err.splitlines()[-1].startswith("Error: uploading to org/x failed: bad header Bearer ***")
