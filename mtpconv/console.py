@@ -78,8 +78,13 @@ def byte_progress() -> Iterator[ProgressCallback]:
     if is_quiet() or not err_console.is_terminal:
         yield _NullProgress()
         return
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-               TransferSpeedColumn(), TimeRemainingColumn())  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=err_console, transient=False) as progress:
         yield _RichProgress(progress)
 
@@ -90,8 +95,13 @@ def count_progress(unit: str = "items") -> Iterator[ProgressCallback]:
     if is_quiet() or not err_console.is_terminal:
         yield _NullProgress()
         return
-    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-               TextColumn(f"{{task.completed:,.0f}} {unit}"), TimeRemainingColumn())  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn(f"{{task.completed:,.0f}} {unit}"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=err_console, transient=False) as progress:
         yield _RichProgress(progress)
 
@@ -114,4 +124,3 @@ def emit_json(doc: Any) -> None:
     """One JSON document on stdout (data goes to stdout, everything else to stderr)."""
     sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
     sys.stdout.flush()
-

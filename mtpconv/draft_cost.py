@@ -47,8 +47,9 @@ class DraftCost:
 
     def to_dict(self) -> dict[str, int]:
         doc = asdict(self)
-        doc.update(total_now=self.total_now, total_fp8=self.total_fp8,
-                   total_fp8_truncated=self.total_fp8_truncated)  # fmt: skip
+        doc.update(
+            total_now=self.total_now, total_fp8=self.total_fp8, total_fp8_truncated=self.total_fp8_truncated
+        )
         return doc
 
 
@@ -58,9 +59,7 @@ def _expert_fraction(layout: MtpLayout) -> float:
     return min(1.0, layout.experts_per_token / layout.num_experts)
 
 
-def draft_cost(
-    layout: MtpLayout, tensors: Mapping[str, TensorInfo], draft_vocab_size: int
-) -> DraftCost:
+def draft_cost(layout: MtpLayout, tensors: Mapping[str, TensorInfo], draft_vocab_size: int) -> DraftCost:
     """Bytes one draft step reads, from headers only."""
     fraction = _expert_fraction(layout)
     layers = max(layout.found_layers, 1)

@@ -22,5 +22,9 @@ class Finding:
     message: str
 
     def to_dict(self) -> dict[str, str]:
-        return {"severity": self.severity.value, "code": self.code, "module": self.module,
-                "message": self.message}  # fmt: skip
+        return {
+            "severity": self.severity.value,
+            "code": self.code,
+            "module": self.module,
+            "message": self.message,
+        }

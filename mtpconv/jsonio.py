@@ -99,6 +99,7 @@ def write_file_durably(path: str | os.PathLike[str], write: Callable[[Path], Non
 def write_text_durably(path: str | os.PathLike[str], text: str) -> str:
     """Write ``text`` (UTF-8) durably and atomically; return its sha256."""
     data = text.encode("utf-8")
+
     def write(tmp: Path) -> None:
         with open(tmp, "xb") as f:
             f.write(data)

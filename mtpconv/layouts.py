@@ -127,8 +127,7 @@ def classify_weight(name: str, tensors: Mapping[str, TensorInfo]) -> tuple[str, 
         return "nvfp4", aux
     if info.dtype in ("F8_E4M3", "F8_E5M2"):
         aux = tuple(
-            n for n in (f"{module}.weight_scale", f"{module}.input_scale", f"{name}_scale")
-            if n in tensors
+            n for n in (f"{module}.weight_scale", f"{module}.input_scale", f"{name}_scale") if n in tensors
         )
         return "fp8", aux
     if info.dtype in FLOAT_DTYPES:
@@ -169,10 +168,9 @@ def linear_modules(tensors: Mapping[str, TensorInfo]) -> dict[str, str]:
 
 def _find_head_and_embedding(names: list[str]) -> tuple[str | None, str | None]:
     embedding = next(
-        (n for n in names if strip_text_prefix(n)[1] in ("embed_tokens.weight",
-                                                           "model.embed_tokens.weight")),
+        (n for n in names if strip_text_prefix(n)[1] in ("embed_tokens.weight", "model.embed_tokens.weight")),
         None,
-    )  # fmt: skip
+    )
     lm_head = next((n for n in names if n == "lm_head.weight"), None) or next(
         (n for n in names if n.endswith(".lm_head.weight") and "mtp" not in n), None
     )
@@ -279,6 +277,7 @@ def _drafter_linears(drafter: list[str], tensors: Mapping[str, TensorInfo]) -> l
         last = module_of(name).rsplit(".", 1)[-1]
         if last in _NOT_LINEAR:
             continue
-        linears.append(Linear(module=module_of(name), weight=name, stored=Stored(stored), shape=shape,
-                              aux=aux))  # fmt: skip
+        linears.append(
+            Linear(module=module_of(name), weight=name, stored=Stored(stored), shape=shape, aux=aux)
+        )
     return linears

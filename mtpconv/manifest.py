@@ -77,8 +77,16 @@ class Manifest:
 
     def to_json(self) -> str:
         doc = asdict(self)
-        order = ["format_version", "tool", "source", "family", "drafter", "draft_vocab",
-                 "quantization_error", "files"]  # fmt: skip
+        order = [
+            "format_version",
+            "tool",
+            "source",
+            "family",
+            "drafter",
+            "draft_vocab",
+            "quantization_error",
+            "files",
+        ]
         return json.dumps({k: doc[k] for k in order}, indent=2) + "\n"
 
 
@@ -104,8 +112,9 @@ def parse_manifest(doc: Any, where: str = MANIFEST_NAME) -> Manifest:
         if not all(isinstance(m, str) for m in drafter.fp8_linears):
             raise TypeError("drafter.fp8_linears must be a list of strings")
         dv = doc.get("draft_vocab")
-        draft_vocab = (DraftVocabSection(**_typed(dv, _DRAFT_VOCAB_TYPES, "draft_vocab"))
-                       if dv is not None else None)  # fmt: skip
+        draft_vocab = (
+            DraftVocabSection(**_typed(dv, _DRAFT_VOCAB_TYPES, "draft_vocab")) if dv is not None else None
+        )
         errors = _typed_map(doc.get("quantization_error", {}), "quantization_error")
         for name, stats in errors.items():
             if not isinstance(stats, dict) or not all(_is_number(v) for v in stats.values()):
@@ -128,10 +137,20 @@ def parse_manifest(doc: Any, where: str = MANIFEST_NAME) -> Manifest:
 
 
 _DRAFTER_TYPES: dict[str, tuple[type, ...]] = {
-    "prefix": (str,), "fp8_linears": (list,), "activation_scheme": (str,), "weight_scheme": (str,)}
+    "prefix": (str,),
+    "fp8_linears": (list,),
+    "activation_scheme": (str,),
+    "weight_scheme": (str,),
+}
 _DRAFT_VOCAB_TYPES: dict[str, tuple[type, ...]] = {
-    "size": (int,), "file": (str,), "sha256": (str,), "head_tensor": (str,), "head_dtype": (str,),
-    "coverage": (int, float, type(None)), "corpus": (dict, type(None))}  # fmt: skip
+    "size": (int,),
+    "file": (str,),
+    "sha256": (str,),
+    "head_tensor": (str,),
+    "head_dtype": (str,),
+    "coverage": (int, float, type(None)),
+    "corpus": (dict, type(None)),
+}
 
 
 def _is_number(value: Any) -> bool:
@@ -161,8 +180,9 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest | None:
     path = Path(directory) / MANIFEST_NAME
     if not path.is_file():
         return None
-    doc = read_json(path, ManifestError, require_object=False,
-                    remedy="convert the source again or restore the variant")
+    doc = read_json(
+        path, ManifestError, require_object=False, remedy="convert the source again or restore the variant"
+    )
     return parse_manifest(doc, str(path))
 
 

@@ -117,10 +117,15 @@ class ConversionPlan:
             "other_files": self.other_files,
             "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after,
-            "draft_head": None if self.draft_head is None else {
-                "tensor": self.draft_head.tensor, "rows": self.draft_head.rows,
-                "dtype": self.draft_head.dtype.value, "source_tensor": self.draft_head.source_tensor},
-        }  # fmt: skip
+            "draft_head": None
+            if self.draft_head is None
+            else {
+                "tensor": self.draft_head.tensor,
+                "rows": self.draft_head.rows,
+                "dtype": self.draft_head.dtype.value,
+                "source_tensor": self.draft_head.source_tensor,
+            },
+        }
 
 
 def check_destination(source_dir: Path, dst: Path) -> None:
@@ -128,11 +133,12 @@ def check_destination(source_dir: Path, dst: Path) -> None:
     src = Path(os.path.realpath(source_dir))
     out = Path(os.path.realpath(dst))
     if out == src or src in out.parents:
-        raise OutputError(f"destination {dst} is inside the source {source_dir}; choose a "
-                          "directory outside the source checkpoint.")  # fmt: skip
+        raise OutputError(
+            f"destination {dst} is inside the source {source_dir}; choose a "
+            "directory outside the source checkpoint."
+        )
     if out in src.parents:
-        raise OutputError(f"destination {dst} contains the source {source_dir}; choose "
-                          "another directory.")  # fmt: skip
+        raise OutputError(f"destination {dst} contains the source {source_dir}; choose another directory.")
 
 
 def draft_head_name(layout: MtpLayout) -> str:
@@ -155,9 +161,11 @@ def other_files(source_dir: Path, files: CheckpointFiles) -> list[str]:
                 continue
             if not os.path.isfile(os.path.join(root, name)):
                 # A FIFO would block the hashing thread forever (not even SIGTERM ends it).
-                raise SourceError(f"{rel} in {source_dir} is not a regular file (a FIFO, "
-                                  "socket, device or broken link); move it out of the "
-                                  "checkpoint.")  # fmt: skip
+                raise SourceError(
+                    f"{rel} in {source_dir} is not a regular file (a FIFO, "
+                    "socket, device or broken link); move it out of the "
+                    "checkpoint."
+                )
             out.append(rel)
     return out
 
@@ -208,63 +216,83 @@ def build_plan(
                 continue
             lin = by_weight.get(name)
             if lin is None:
-                plan.tensors.append(OutTensor(TensorSpec(name, info.dtype, info.shape), OutKind.COPY,
-                                              source=name))  # fmt: skip
+                plan.tensors.append(
+                    OutTensor(TensorSpec(name, info.dtype, info.shape), OutKind.COPY, source=name)
+                )
                 continue
             _check_shape(lin)
-            plan.tensors.append(OutTensor(TensorSpec(name, "F8_E4M3", lin.shape), OutKind.FP8_WEIGHT,
-                                          linear=lin))  # fmt: skip
+            plan.tensors.append(
+                OutTensor(TensorSpec(name, "F8_E4M3", lin.shape), OutKind.FP8_WEIGHT, linear=lin)
+            )
             scale_shape = (lin.shape[0],) if len(lin.shape) == 3 else ()
-            plan.tensors.append(OutTensor(TensorSpec(lin.fp8_scale_name, "F32", scale_shape),
-                                          OutKind.FP8_SCALE, linear=lin))  # fmt: skip
+            plan.tensors.append(
+                OutTensor(TensorSpec(lin.fp8_scale_name, "F32", scale_shape), OutKind.FP8_SCALE, linear=lin)
+            )
         if head_plan and file == head_shard:
-            plan.tensors.append(OutTensor(
-                TensorSpec(head_plan.tensor, "F8_E4M3" if head_plan.dtype is HeadDtype.FP8 else "BF16",
-                           (head_plan.rows, head_plan.hidden)), OutKind.DRAFT_HEAD))  # fmt: skip
+            plan.tensors.append(
+                OutTensor(
+                    TensorSpec(
+                        head_plan.tensor,
+                        "F8_E4M3" if head_plan.dtype is HeadDtype.FP8 else "BF16",
+                        (head_plan.rows, head_plan.hidden),
+                    ),
+                    OutKind.DRAFT_HEAD,
+                )
+            )
             if head_plan.dtype is HeadDtype.FP8:
                 scale_name = head_plan.tensor[: -len("weight")] + "weight_scale"
-                plan.tensors.append(OutTensor(TensorSpec(scale_name, "F32", ()),
-                                              OutKind.DRAFT_HEAD_SCALE))  # fmt: skip
+                plan.tensors.append(OutTensor(TensorSpec(scale_name, "F32", ()), OutKind.DRAFT_HEAD_SCALE))
         shards.append(plan)
 
     before = files.total_tensor_bytes
     after = sum(
-        s.out_bytes if s.action is ShardAction.REWRITE
-        else sum(t.nbytes for n, t in files.shards[s.file].tensors.items()
-                 if files.weight_map.get(n) == s.file)
+        s.out_bytes
+        if s.action is ShardAction.REWRITE
+        else sum(
+            t.nbytes for n, t in files.shards[s.file].tensors.items() if files.weight_map.get(n) == s.file
+        )
         for s in shards
-    )  # fmt: skip
+    )
     return ConversionPlan(
-        source_dir=files.directory, layout=layout, shards=shards, linears=list(layout.linears),
-        dropped=dropped, other_files=other_files(files.directory, files), bytes_before=before,
-        bytes_after=after, draft_head=head_plan, sharded=files.index_file is not None,
-    )  # fmt: skip
+        source_dir=files.directory,
+        layout=layout,
+        shards=shards,
+        linears=list(layout.linears),
+        dropped=dropped,
+        other_files=other_files(files.directory, files),
+        bytes_before=before,
+        bytes_after=after,
+        draft_head=head_plan,
+        sharded=files.index_file is not None,
+    )
 
 
 def _check_shape(lin: Linear) -> None:
     if any(d == 0 for d in lin.shape):
-        raise ConversionError(f"{lin.weight} has an empty shape {list(lin.shape)}; the "
-                              "checkpoint is corrupt.")  # fmt: skip
+        raise ConversionError(
+            f"{lin.weight} has an empty shape {list(lin.shape)}; the checkpoint is corrupt."
+        )
 
 
-def _draft_head_plan(
-    files: CheckpointFiles, layout: MtpLayout, rows: int, dtype: str
-) -> DraftHeadPlan:
+def _draft_head_plan(files: CheckpointFiles, layout: MtpLayout, rows: int, dtype: str) -> DraftHeadPlan:
     try:
         head_dtype = HeadDtype(dtype)
     except ValueError:
         raise ConversionError(f"--draft-head-dtype must be fp8 or bf16, not {dtype!r}.") from None
     tensor = draft_head_name(layout)
     if tensor in files.tensors:
-        raise ConversionError(f"{files.directory} already has {tensor}; it is already a variant "
-                              "with a draft head. Convert the original checkpoint instead.")  # fmt: skip
+        raise ConversionError(
+            f"{files.directory} already has {tensor}; it is already a variant "
+            "with a draft head. Convert the original checkpoint instead."
+        )
     source = layout.lm_head
     if source is None and layout.tie_word_embeddings:
         source = layout.embedding
     if source is None:
-        raise LayoutError(f"{files.directory} has no lm_head.weight (and the embeddings are not "
-                          "tied), so there are no head rows to slice for the draft head.")  # fmt: skip
+        raise LayoutError(
+            f"{files.directory} has no lm_head.weight (and the embeddings are not "
+            "tied), so there are no head rows to slice for the draft head."
+        )
     info = files.tensors[source]
     hidden = info.shape[1] * (2 if info.dtype == "U8" else 1)
-    return DraftHeadPlan(rows=rows, hidden=hidden, dtype=head_dtype, source_tensor=source,
-                         tensor=tensor)  # fmt: skip
+    return DraftHeadPlan(rows=rows, hidden=hidden, dtype=head_dtype, source_tensor=source, tensor=tensor)

@@ -44,16 +44,24 @@ def _build(root: Path, target_gb: float, hidden: int, inter: int) -> tuple[int, 
         total += shard_bytes
     h, q = hidden, 2 * hidden
     drafter = {
-        "mtp.fc.weight": (h, 2 * h), "mtp.layers.0.self_attn.q_proj.weight": (2 * q, h),
+        "mtp.fc.weight": (h, 2 * h),
+        "mtp.layers.0.self_attn.q_proj.weight": (2 * q, h),
         "mtp.layers.0.self_attn.k_proj.weight": (h // 8, h),
         "mtp.layers.0.self_attn.v_proj.weight": (h // 8, h),
-        "mtp.layers.0.self_attn.o_proj.weight": (h, q), "mtp.layers.0.mlp.gate_proj.weight": (inter, h),
-        "mtp.layers.0.mlp.up_proj.weight": (inter, h), "mtp.layers.0.mlp.down_proj.weight": (h, inter),
-    }  # fmt: skip
+        "mtp.layers.0.self_attn.o_proj.weight": (h, q),
+        "mtp.layers.0.mlp.gate_proj.weight": (inter, h),
+        "mtp.layers.0.mlp.up_proj.weight": (inter, h),
+        "mtp.layers.0.mlp.down_proj.weight": (h, inter),
+    }
     last = f"model-{files:05d}-of-{files:05d}.safetensors"
     t = {k: (torch.randn(*s, generator=g) * 0.02).to(torch.bfloat16) for k, s in drafter.items()}
-    for n in ("mtp.norm.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.pre_fc_norm_embedding.weight",
-              "mtp.layers.0.input_layernorm.weight", "mtp.layers.0.post_attention_layernorm.weight"):
+    for n in (
+        "mtp.norm.weight",
+        "mtp.pre_fc_norm_hidden.weight",
+        "mtp.pre_fc_norm_embedding.weight",
+        "mtp.layers.0.input_layernorm.weight",
+        "mtp.layers.0.post_attention_layernorm.weight",
+    ):
         t[n] = torch.ones(h, dtype=torch.bfloat16)
     t["lm_head.weight"] = torch.randn(32768, h, generator=g).to(torch.bfloat16)
     t["model.embed_tokens.weight"] = torch.randn(32768, h, generator=g).to(torch.bfloat16)
@@ -61,11 +69,21 @@ def _build(root: Path, target_gb: float, hidden: int, inter: int) -> tuple[int, 
     save_file(t, str(root / last))
     weight_map.update({k: last for k in t})
     total += sum(v.numel() * 2 for v in t.values())
-    (root / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}))
-    (root / "config.json").write_text(json.dumps({
-        "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "hidden_size": h,
-        "num_hidden_layers": n_target, "mtp_num_hidden_layers": 1, "vocab_size": 32768}))
+    (root / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
+    (root / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3_5_text",
+                "architectures": ["Qwen3_5ForCausalLM"],
+                "hidden_size": h,
+                "num_hidden_layers": n_target,
+                "mtp_num_hidden_layers": 1,
+                "vocab_size": 32768,
+            }
+        )
+    )
     return total, drafter_bytes
 
 
@@ -100,8 +118,9 @@ def main() -> None:
     mtpconv = [sys.executable, "-m", "mtpconv", "--quiet"]
     t_cp = _timed(["cp", "-r", str(src), str(args.dir / "copy")])
     t_conv = _timed([*mtpconv, "quantize-mtp", str(src), str(args.dir / "v"), "--device", args.device])
-    t_conv_copy = _timed([*mtpconv, "quantize-mtp", str(src), str(args.dir / "vc"), "--device", args.device,
-                          "--copy"])  # fmt: skip
+    t_conv_copy = _timed(
+        [*mtpconv, "quantize-mtp", str(src), str(args.dir / "vc"), "--device", args.device, "--copy"]
+    )
     _write_download_records(src)  # as `hf download --local-dir` leaves them
     t_conv_hf = _timed([*mtpconv, "quantize-mtp", str(src), str(args.dir / "vh"), "--device", args.device])
     gb = 1 << 30

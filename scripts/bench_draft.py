@@ -217,9 +217,14 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def step(
-    s: Shape, ws: WeightSet, emb: torch.Tensor, hid: torch.Tensor, lin: LinearFn,
-    moe: MoeFn | None, full_head: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    s: Shape,
+    ws: WeightSet,
+    emb: torch.Tensor,
+    hid: torch.Tensor,
+    lin: LinearFn,
+    moe: MoeFn | None,
+    full_head: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One drafter step; returns (logits, topk_ids or None)."""
     h = lin(torch.cat((emb, hid), dim=-1), ws.fc)
     qkv = lin(h, ws.qkv)
@@ -433,9 +438,18 @@ def micro(
                     print(f"  micro {name} T={t} {variant} FAILED: {exc!r}"[:400], flush=True)
                     continue
                 nbytes = n * k * (2 if variant == "bf16" else 1)
-                out.append({"linear": name, "n": n, "k": k, "tokens": t, "variant": variant,
-                            "per_row": per_row, "us": us,
-                            "tbps": nbytes / (us * 1e-6) / 1e12})  # fmt: skip
+                out.append(
+                    {
+                        "linear": name,
+                        "n": n,
+                        "k": k,
+                        "tokens": t,
+                        "variant": variant,
+                        "per_row": per_row,
+                        "us": us,
+                        "tbps": nbytes / (us * 1e-6) / 1e12,
+                    }
+                )
         del ws
         torch.cuda.empty_cache()
         print(f"  micro {name} done", flush=True)
@@ -505,10 +519,24 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
                 res.sort(key=lambda r: r[0])
                 for rank, (us, cfg) in enumerate(res[:3]):
                     tbps = n * k / (us * 1e-6) / 1e12
-                    out.append({"model": s.name, "linear": name, "n": n, "k": k, "tokens": t, "rank": rank,
-                                "config": list(cfg), "us": us, "tbps": tbps})  # fmt: skip
-                print(f"  sweep {s.name} {name} {n}x{k} T={t}: best {res[0][1]} {res[0][0]:.1f} us "
-                      f"({n * k / (res[0][0] * 1e-6) / 1e12:.2f} TB/s)", flush=True)  # fmt: skip
+                    out.append(
+                        {
+                            "model": s.name,
+                            "linear": name,
+                            "n": n,
+                            "k": k,
+                            "tokens": t,
+                            "rank": rank,
+                            "config": list(cfg),
+                            "us": us,
+                            "tbps": tbps,
+                        }
+                    )
+                print(
+                    f"  sweep {s.name} {name} {n}x{k} T={t}: best {res[0][1]} {res[0][0]:.1f} us "
+                    f"({n * k / (res[0][0] * 1e-6) / 1e12:.2f} TB/s)",
+                    flush=True,
+                )
             del ws
             torch.cuda.empty_cache()
         if s.experts == 0:
@@ -516,8 +544,12 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
         ex_gu = Experts.make(s.experts, 2 * s.moe_intermediate, s.hidden, dev, gen)
         ex_dn = Experts.make(s.experts, s.hidden, s.moe_intermediate, dev, gen)
         for t in tokens_list:
-            id_sets = [torch.stack([torch.randperm(s.experts, device=dev, generator=gen)[: s.top_k]
-                                    for _ in range(t)]) for _ in range(8)]  # fmt: skip
+            id_sets = [
+                torch.stack(
+                    [torch.randperm(s.experts, device=dev, generator=gen)[: s.top_k] for _ in range(t)]
+                )
+                for _ in range(8)
+            ]
             h = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
             y = torch.randn(t * s.top_k, 2 * s.moe_intermediate, device=dev, generator=gen).to(torch.bfloat16)
             distinct = sum(int(i.unique().numel()) for i in id_sets) / len(id_sets)
@@ -530,11 +562,17 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
                     cfgs += [(bn, bk, 4, 3, False) for bn in (8, 16, 32) for bk in (256, 512)]
                 for cfg in cfgs:
 
-                    def g(cfg: Any = cfg, ex: Experts = ex, x: torch.Tensor = x, act: bool = act,
-                          id_sets: list[torch.Tensor] = id_sets) -> None:  # fmt: skip
+                    def g(
+                        cfg: Any = cfg,
+                        ex: Experts = ex,
+                        x: torch.Tensor = x,
+                        act: bool = act,
+                        id_sets: list[torch.Tensor] = id_sets,
+                    ) -> None:
                         for ids in id_sets:
-                            triton_moe.moe_grouped(x, ex.fp8, ex.scale, ids, x_per_pair=act, act=act,
-                                                   config=cfg)  # fmt: skip
+                            triton_moe.moe_grouped(
+                                x, ex.fp8, ex.scale, ids, x_per_pair=act, act=act, config=cfg
+                            )
 
                     try:
                         us = time_graph(g, reps=1, replays=15) / len(id_sets)
@@ -545,9 +583,19 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
                 res.sort(key=lambda r: r[0])
                 nbytes = distinct * ex.fp8[0].numel()
                 for rank, (us, cfg) in enumerate(res[:3]):
-                    out.append({"model": s.name, "linear": proj, "n": ex.fp8.shape[1], "k": ex.fp8.shape[2],
-                                "tokens": t, "rank": rank, "config": list(cfg), "us": us,
-                                "tbps": nbytes / (us * 1e-6) / 1e12})  # fmt: skip
+                    out.append(
+                        {
+                            "model": s.name,
+                            "linear": proj,
+                            "n": ex.fp8.shape[1],
+                            "k": ex.fp8.shape[2],
+                            "tokens": t,
+                            "rank": rank,
+                            "config": list(cfg),
+                            "us": us,
+                            "tbps": nbytes / (us * 1e-6) / 1e12,
+                        }
+                    )
                 print(
                     f"  sweep {s.name} {proj} T={t} ({distinct:.0f} experts): best {res[0][1]} "
                     f"{res[0][0]:.1f} us ({nbytes / (res[0][0] * 1e-6) / 1e12:.2f} TB/s)",
@@ -562,8 +610,10 @@ def srows_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| model | linear | N x K | tokens | best config | us | TB/s |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["rank"] == 0:
-            lines.append(f"| {r['model']} | {r['linear']} | {r['n']}x{r['k']} | {r['tokens']} | "
-                         f"{r['config']} | {r['us']:.1f} | {r['tbps']:.2f} |")  # fmt: skip
+            lines.append(
+                f"| {r['model']} | {r['linear']} | {r['n']}x{r['k']} | {r['tokens']} | "
+                f"{r['config']} | {r['us']:.1f} | {r['tbps']:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -614,8 +664,10 @@ def markdown(rows: list[Row], copy_tbps: float, variants: list[str]) -> str:
 def micro_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| linear | N x K | tokens | variant | us | TB/s |", "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['linear']} | {r['n']}x{r['k']} | {r['tokens']} | {r['variant']} | "
-                     f"{r['us']:.2f} | {r['tbps']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {r['linear']} | {r['n']}x{r['k']} | {r['tokens']} | {r['variant']} | "
+            f"{r['us']:.2f} | {r['tbps']:.2f} |"
+        )
     return "\n".join(lines)
 
 

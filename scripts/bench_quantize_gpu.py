@@ -71,9 +71,19 @@ def time_cli(drafter_quant: str, workdir: Path) -> list[dict[str, Any]]:
     from mtpconv.testing.checkpoints import Spec, write_checkpoint
 
     src = workdir / f"src-{drafter_quant}"
-    spec = Spec(family="qwen3_5", hidden=4096, intermediate=12288, heads=16, kv_heads=4,
-                head_dim=256, vocab=32768, layers=1, quant="bf16",
-                drafter_quant=drafter_quant, shards=2)  # fmt: skip
+    spec = Spec(
+        family="qwen3_5",
+        hidden=4096,
+        intermediate=12288,
+        heads=16,
+        kv_heads=4,
+        head_dim=256,
+        vocab=32768,
+        layers=1,
+        quant="bf16",
+        drafter_quant=drafter_quant,
+        shards=2,
+    )
     t0 = time.perf_counter()
     write_checkpoint(src, spec)
     built = time.perf_counter() - t0
@@ -82,17 +92,33 @@ def time_cli(drafter_quant: str, workdir: Path) -> list[dict[str, Any]]:
     digests = {}
     for device in ("cpu", "cuda"):
         dst = workdir / f"dst-{drafter_quant}-{device}"
-        cmd = [sys.executable, "-m", "mtpconv", "quantize-mtp", str(src), str(dst),
-               "--device", device, "--force"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "mtpconv",
+            "quantize-mtp",
+            str(src),
+            str(dst),
+            "--device",
+            device,
+            "--force",
+        ]
         t0 = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         wall = time.perf_counter() - t0
         ok = done.returncode == 0
         digests[device] = _digests(dst) if ok else {}
-        rows.append({"source": f"synthetic qwen3_5 drafter {drafter_quant}",
-                     "source_bytes": size, "device": device, "wall_s": wall, "ok": ok,
-                     "stderr_tail": done.stderr[-600:] if not ok else "",
-                     "build_s": built})  # fmt: skip
+        rows.append(
+            {
+                "source": f"synthetic qwen3_5 drafter {drafter_quant}",
+                "source_bytes": size,
+                "device": device,
+                "wall_s": wall,
+                "ok": ok,
+                "stderr_tail": done.stderr[-600:] if not ok else "",
+                "build_s": built,
+            }
+        )
     same = bool(digests["cpu"]) and digests["cpu"] == digests["cuda"]
     for r in rows:
         r["outputs_identical"] = same
@@ -143,8 +169,16 @@ def main(argv: list[str] | None = None) -> int:
 
         e2e_s = _median_s(e2e, args.gpu_reps, cuda=True)
         same = _same(quantize_fp8(w), quantize_fp8(wd))
-        rows.append({"case": f"quantize_fp8 {name}", "bytes": nbytes, "cpu_s": cpu_s,
-                     "gpu_s": gpu_s, "gpu_e2e_s": e2e_s, "identical": same})  # fmt: skip
+        rows.append(
+            {
+                "case": f"quantize_fp8 {name}",
+                "bytes": nbytes,
+                "cpu_s": cpu_s,
+                "gpu_s": gpu_s,
+                "gpu_e2e_s": e2e_s,
+                "identical": same,
+            }
+        )
         del wd
     for out_f, in_f in () if args.cli_only else ((5120, 17408), (17408, 5120)):
         packed, block, s2 = _nvfp4(out_f, in_f, gen)
@@ -167,9 +201,15 @@ def main(argv: list[str] | None = None) -> int:
         e2e_s = _median_s(e2e_fn, args.gpu_reps, cuda=True)
         same = _same(cpu_fn(), gpu_fn())
         rows.append(
-            {"case": f"nvfp4->fp8 {out_f}x{in_f}", "bytes": nbytes, "cpu_s": cpu_s,
-             "gpu_s": gpu_s, "gpu_e2e_s": e2e_s, "identical": same}
-        )  # fmt: skip
+            {
+                "case": f"nvfp4->fp8 {out_f}x{in_f}",
+                "bytes": nbytes,
+                "cpu_s": cpu_s,
+                "gpu_s": gpu_s,
+                "gpu_e2e_s": e2e_s,
+                "identical": same,
+            }
+        )
     convert = importlib.util.find_spec("mtpconv.commands.quantize_mtp") is not None
     cli_rows: list[dict[str, Any]] = []
     if convert and (args.cli or args.cli_only):

@@ -111,9 +111,12 @@ def main() -> None:
     batches = [b.texts for cf in files for b in iter_text_batches(cf)]
     n_bytes = sum(len(t.encode()) for b in batches for t in b)
     n_tokens = sum(len(e.ids) for b in batches for e in tokenizer.encode_batch_fast(b, False))
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, corpus "
-          f"{n_bytes / (1 << 20):.1f} MiB of text in {len(batches)} batches, {n_tokens:,} tokens, "
-          f"vocab {tokenizer.get_vocab_size()}", flush=True)  # fmt: skip
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, corpus "
+        f"{n_bytes / (1 << 20):.1f} MiB of text in {len(batches)} batches, {n_tokens:,} tokens, "
+        f"vocab {tokenizer.get_vocab_size()}",
+        flush=True,
+    )
 
     # Best of --repeat for each, alternating so that background load hits all alike.
     # Wall time is what a user waits; CPU time (all threads of this process) is the

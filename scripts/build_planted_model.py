@@ -25,9 +25,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     a = ap.parse_args(argv)
     path = build_model(
-        a.dst, kind=a.kind, moe=a.moe, next=a.next, swap_fc=a.swap_fc, seed=a.seed,
+        a.dst,
+        kind=a.kind,
+        moe=a.moe,
+        next=a.next,
+        swap_fc=a.swap_fc,
+        seed=a.seed,
         drafter_noise=a.drafter_noise,
-    )  # fmt: skip
+    )
     print(path)
 
 

@@ -47,11 +47,21 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--moe", action="store_true", help="the Qwen3.5-MoE layout instead of dense")
     ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--drafter-noise", type=float, default=0.0, metavar="S",
-                    help="low-margin planted drafter (mtpconv.testing.planted, drafter_noise)")
+    ap.add_argument(
+        "--drafter-noise",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="low-margin planted drafter (mtpconv.testing.planted, drafter_noise)",
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="model seeds (default 0)")
-    ap.add_argument("--prompts", type=int, default=None, metavar="N",
-                    help="N tiled prompts instead of the harness's 5 (needs --max-tokens)")
+    ap.add_argument(
+        "--prompts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N tiled prompts instead of the harness's 5 (needs --max-tokens)",
+    )
     ap.add_argument("--max-tokens", type=int, default=None, metavar="M")
     a = ap.parse_args(argv)
     if (a.prompts is None) != (a.max_tokens is None):
@@ -74,8 +84,12 @@ def main(argv: list[str] | None = None) -> None:
             t[2] += int(same)
     if len(a.seeds) > 1:
         print(f"\nall seeds {a.seeds} (last column: seeds whose output == no-spec)")
-        _table([(label, acc, d, acc / d if d else 0.0, f"{ok}/{len(a.seeds)}")
-                for label, (acc, d, ok) in totals.items()])  # fmt: skip
+        _table(
+            [
+                (label, acc, d, acc / d if d else 0.0, f"{ok}/{len(a.seeds)}")
+                for label, (acc, d, ok) in totals.items()
+            ]
+        )
 
 
 def _table(rows: list[tuple[str, int, int, float, object]]) -> None:
@@ -84,8 +98,9 @@ def _table(rows: list[tuple[str, int, int, float, object]]) -> None:
         print(f"{label:50} {f'{acc}/{drafted}':>17} {rate:7.1%}  {same}")
 
 
-def _one_seed(work: Path, seed: int, a: argparse.Namespace,
-              prompts: list[list[int]] | None) -> list[tuple[str, int, int, float, bool]]:  # fmt: skip
+def _one_seed(
+    work: Path, seed: int, a: argparse.Namespace, prompts: list[list[int]] | None
+) -> list[tuple[str, int, int, float, bool]]:
     """Build, convert and serve every variant of one planted model; one row each."""
     from mtpconv.testing.planted import build_model as build
     from mtpconv.testing.vllm_run import quantize_mtp, run, write_ids
@@ -100,12 +115,16 @@ def _one_seed(work: Path, seed: int, a: argparse.Namespace,
         "BF16 drafter (source, no manifest)": (src, {}),
         "FP8 drafter": (quantize_mtp(src, work / "fp8"), {}),
         "FP8 drafter + 384-id FP8 draft head": (
-            quantize_mtp(src, work / "fp8_vocab", "--draft-vocab", str(ids)), {}),
+            quantize_mtp(src, work / "fp8_vocab", "--draft-vocab", str(ids)),
+            {},
+        ),
         "FP8 drafter + 384-id BF16 draft head": (
-            quantize_mtp(src, work / "fp8_vocab_bf16", "--draft-vocab", str(ids),
-                         "--draft-head-dtype", "bf16"), {}),  # fmt: skip
-        "FP8 drafter, head off (MTPCONV_DRAFT_VOCAB=0)": (work / "fp8_vocab",
-                                                          {"MTPCONV_DRAFT_VOCAB": "0"}),  # fmt: skip
+            quantize_mtp(
+                src, work / "fp8_vocab_bf16", "--draft-vocab", str(ids), "--draft-head-dtype", "bf16"
+            ),
+            {},
+        ),
+        "FP8 drafter, head off (MTPCONV_DRAFT_VOCAB=0)": (work / "fp8_vocab", {"MTPCONV_DRAFT_VOCAB": "0"}),
         "mis-converted (fc halves swapped), FP8": (quantize_mtp(swapped, work / "swapped_fp8"), {}),
     }
     rows = []

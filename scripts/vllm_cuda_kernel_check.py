@@ -67,13 +67,20 @@ def main() -> int:
     g = torch.Generator().manual_seed(0)
     bad = 0
     # (tokens, shard widths, K): fc [H, 2H], fused qkv, gate_up, down, a draft head
-    cases = [(1, [4096], 8192), (3, [8192, 1024, 1024], 4096), (8, [12288, 12288], 4096),
-             (8, [4096], 12288), (4, [32768], 4096), (64, [4096], 4096)]  # fmt: skip
+    cases = [
+        (1, [4096], 8192),
+        (3, [8192, 1024, 1024], 4096),
+        (8, [12288, 12288], 4096),
+        (8, [4096], 12288),
+        (4, [32768], 4096),
+        (64, [4096], 4096),
+    ]
     for m, widths, k in cases:
         shards = [quantize_fp8(torch.randn(n, k, generator=g)) for n in widths]
         w = torch.cat([s.weight for s in shards]).to(dev)
-        rows = kernels.row_scales(torch.stack([s.scale * (i + 1) for i, s in enumerate(shards)]),
-                                  widths).to(dev)  # fmt: skip
+        rows = kernels.row_scales(torch.stack([s.scale * (i + 1) for i, s in enumerate(shards)]), widths).to(
+            dev
+        )
         x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
         ref = x.float() @ (w.float() * rows.reshape(-1, 1)).t()
         prepared = kernels.PreparedFp8(w, rows)
@@ -89,10 +96,12 @@ def main() -> int:
         g_bf16 = _time_graph(lambda: torch.nn.functional.linear(x, wb))  # noqa: B023
         ok = e1 < 0.03 and e2 < 0.05 and out.dtype == torch.bfloat16
         bad += not ok
-        print(f"M={m:3d} N={sum(widths):6d} K={k:6d} shards={len(widths)}  rel_err plugin={e1:.4f} "
-              f"scaled_mm_per_token={e2:.4f}  us: plugin={t_fp8:7.1f} fallback={t_fb:7.1f} "
-              f"bf16={t_bf16:7.1f}  graph us: plugin={g_fp8:6.1f} bf16={g_bf16:6.1f} "
-              f"ratio={g_fp8 / g_bf16:.2f}  {'ok' if ok else 'MISMATCH'}")  # fmt: skip
+        print(
+            f"M={m:3d} N={sum(widths):6d} K={k:6d} shards={len(widths)}  rel_err plugin={e1:.4f} "
+            f"scaled_mm_per_token={e2:.4f}  us: plugin={t_fp8:7.1f} fallback={t_fb:7.1f} "
+            f"bf16={t_bf16:7.1f}  graph us: plugin={g_fp8:6.1f} bf16={g_bf16:6.1f} "
+            f"ratio={g_fp8 / g_bf16:.2f}  {'ok' if ok else 'MISMATCH'}"
+        )
     return 1 if bad else 0
 
 

@@ -32,8 +32,10 @@ def _isolated_hf(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
 @pytest.fixture(scope="session")
 def nvfp4_vlm_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """NVIDIA-style NVFP4 Qwen3.5-MoE VLM checkpoint with the mtp.fc gap, 3 shards."""
-    return write_checkpoint(tmp_path_factory.mktemp("nvfp4_vlm_moe"),
-                            Spec(family="qwen3_5_moe", quant="nvfp4", vlm=True, shards=3))  # fmt: skip
+    return write_checkpoint(
+        tmp_path_factory.mktemp("nvfp4_vlm_moe"),
+        Spec(family="qwen3_5_moe", quant="nvfp4", vlm=True, shards=3),
+    )
 
 
 @pytest.fixture(scope="session")

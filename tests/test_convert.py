@@ -107,12 +107,16 @@ def test_bf16_single_file(bf16_next: Path, tmp_path: Path) -> None:
 
 
 def test_nvfp4_drafter_dequantized_exactly(tmp_path: Path) -> None:
-    src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_next", quant="nvfp4",
-                                                  drafter_quant="nvfp4", exclude=["lm_head"]))  # fmt: skip
+    src = write_checkpoint(
+        tmp_path / "src", Spec(family="qwen3_next", quant="nvfp4", drafter_quant="nvfp4", exclude=["lm_head"])
+    )
     dst = tmp_path / "dst"
     quantize_mtp(str(src), dst, device="cpu")
-    w = dequantize_nvfp4(load_tensor(src, "mtp.fc.weight"), load_tensor(src, "mtp.fc.weight_scale"),
-                         load_tensor(src, "mtp.fc.weight_scale_2"))  # fmt: skip
+    w = dequantize_nvfp4(
+        load_tensor(src, "mtp.fc.weight"),
+        load_tensor(src, "mtp.fc.weight_scale"),
+        load_tensor(src, "mtp.fc.weight_scale_2"),
+    )
     scale = w.abs().max() / 448.0
     expected = (w / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
     assert torch.equal(load_tensor(dst, "mtp.fc.weight").view(torch.uint8), expected.view(torch.uint8))
@@ -147,8 +151,12 @@ def test_refusals(nvfp4_vlm_moe: Path, tmp_path: Path) -> None:
     assert report.linked == 3
 
 
-def test_dry_run_writes_nothing(nvfp4_vlm_moe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(["quantize-mtp", str(nvfp4_vlm_moe), str(tmp_path / "v"), "--dry-run", "--json"], capsys)
+def test_dry_run_writes_nothing(
+    nvfp4_vlm_moe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(
+        ["quantize-mtp", str(nvfp4_vlm_moe), str(tmp_path / "v"), "--dry-run", "--json"], capsys
+    )
     assert code == 0, err
     plan = json.loads(out)["plan"]
     assert plan["rewritten_shards"] == ["model-00003-of-00003.safetensors"]
@@ -168,8 +176,9 @@ def test_nan_weight_names_tensor(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
-def test_failure_mid_write_leaves_nothing(nvfp4_vlm_moe: Path, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_failure_mid_write_leaves_nothing(
+    nvfp4_vlm_moe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import mtpconv.variant as variant
 
     calls = {"n": 0}

@@ -30,11 +30,14 @@ def test_checked_quantization_same_bytes_on_cuda(dtype: torch.dtype) -> None:
     assert cpu_err.max_abs == gpu_err.max_abs
 
 
-@pytest.mark.parametrize("spec", [
-    Spec(family="qwen3_5_moe", quant="nvfp4", vlm=True, shards=3, hidden=256, intermediate=512),
-    Spec(family="qwen3_next", quant="nvfp4", drafter_quant="nvfp4", exclude=["lm_head"], hidden=256),
-    Spec(family="qwen3_5_moe", fused_experts=True, hidden=256),
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        Spec(family="qwen3_5_moe", quant="nvfp4", vlm=True, shards=3, hidden=256, intermediate=512),
+        Spec(family="qwen3_next", quant="nvfp4", drafter_quant="nvfp4", exclude=["lm_head"], hidden=256),
+        Spec(family="qwen3_5_moe", fused_experts=True, hidden=256),
+    ],
+)
 def test_quantize_mtp_cuda_matches_cpu(tmp_path: Path, spec: Spec) -> None:
     src = write_checkpoint(tmp_path / "src", spec)
     quantize_mtp(str(src), tmp_path / "cpu", device="cpu")

@@ -24,8 +24,9 @@ def _ids_file(tmp_path: Path, ids: list[int] = IDS, coverage: float | None = 0.9
     path = tmp_path / "vocab.pt"
     torch.save(torch.tensor(ids, dtype=torch.int64), path)
     if coverage is not None:
-        (tmp_path / "vocab.pt.json").write_text(json.dumps(
-            {"size": len(ids), "coverage": coverage, "corpus": {"files": [{"path": "c.txt"}]}}))
+        (tmp_path / "vocab.pt.json").write_text(
+            json.dumps({"size": len(ids), "coverage": coverage, "corpus": {"files": [{"path": "c.txt"}]}})
+        )
     return path
 
 
@@ -64,29 +65,47 @@ def test_fp8_head_within_fp8_error(tmp_path: Path) -> None:
 
 def test_tied_embeddings_and_nvfp4_head(tmp_path: Path) -> None:
     src = write_checkpoint(tmp_path / "tied", Spec(family="qwen3_5", tie_word_embeddings=True))
-    quantize_mtp(str(src), tmp_path / "tied-v", draft_vocab=_ids_file(tmp_path),
-                 draft_head_dtype="bf16", device="cpu")  # fmt: skip
-    assert torch.equal(load_tensor(tmp_path / "tied-v", "mtp.draft_lm_head.weight"),
-                       load_tensor(src, "model.embed_tokens.weight")[torch.tensor(IDS)])  # fmt: skip
-    src = write_checkpoint(tmp_path / "fp4", Spec(family="qwen3_5", quant="nvfp4", quant_head=True,
-                                                  exclude=["mtp*"]))  # fmt: skip
-    quantize_mtp(str(src), tmp_path / "fp4-v", draft_vocab=_ids_file(tmp_path),
-                 draft_head_dtype="bf16", device="cpu")  # fmt: skip
-    full = dequantize_nvfp4(load_tensor(src, "lm_head.weight"), load_tensor(src, "lm_head.weight_scale"),
-                            load_tensor(src, "lm_head.weight_scale_2"))  # fmt: skip
-    assert torch.equal(load_tensor(tmp_path / "fp4-v", "mtp.draft_lm_head.weight"),
-                       full[torch.tensor(IDS)].to(torch.bfloat16))  # fmt: skip
+    quantize_mtp(
+        str(src), tmp_path / "tied-v", draft_vocab=_ids_file(tmp_path), draft_head_dtype="bf16", device="cpu"
+    )
+    assert torch.equal(
+        load_tensor(tmp_path / "tied-v", "mtp.draft_lm_head.weight"),
+        load_tensor(src, "model.embed_tokens.weight")[torch.tensor(IDS)],
+    )
+    src = write_checkpoint(
+        tmp_path / "fp4", Spec(family="qwen3_5", quant="nvfp4", quant_head=True, exclude=["mtp*"])
+    )
+    quantize_mtp(
+        str(src), tmp_path / "fp4-v", draft_vocab=_ids_file(tmp_path), draft_head_dtype="bf16", device="cpu"
+    )
+    full = dequantize_nvfp4(
+        load_tensor(src, "lm_head.weight"),
+        load_tensor(src, "lm_head.weight_scale"),
+        load_tensor(src, "lm_head.weight_scale_2"),
+    )
+    assert torch.equal(
+        load_tensor(tmp_path / "fp4-v", "mtp.draft_lm_head.weight"),
+        full[torch.tensor(IDS)].to(torch.bfloat16),
+    )
 
 
 @pytest.mark.parametrize(
     ("ids", "message"),
-    [([5, 3], "sorted"), ([1, 1], "more than once"), ([0, 256], "outside the vocabulary"), ([-1, 2], "outside the vocabulary")],
+    [
+        ([5, 3], "sorted"),
+        ([1, 1], "more than once"),
+        ([0, 256], "outside the vocabulary"),
+        ([-1, 2], "outside the vocabulary"),
+    ],
 )
-def test_bad_ids_refused(tmp_path: Path, ids: list[int], message: str,
-                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_bad_ids_refused(
+    tmp_path: Path, ids: list[int], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5"))
     path = _ids_file(tmp_path, ids, coverage=None)
-    code, _, err = run_cli(["quantize-mtp", str(src), str(tmp_path / "v"), "--draft-vocab", str(path)], capsys)
+    code, _, err = run_cli(
+        ["quantize-mtp", str(src), str(tmp_path / "v"), "--draft-vocab", str(path)], capsys
+    )
     assert code == 1 and "vocab.pt" in err and message in err.lower()
     assert not (tmp_path / "v").exists()
 

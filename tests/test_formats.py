@@ -72,15 +72,16 @@ def test_nvfp4_dequant_hand_computed() -> None:
     codes = torch.cat([torch.arange(16), torch.arange(15, -1, -1)]).reshape(1, 32).to(torch.uint8)
     scales = torch.tensor([[2.0, 0.5]]).to(torch.float8_e4m3fn)
     w = dequantize_nvfp4(pack_e2m1_codes(codes), scales, torch.tensor(3.0))
-    table = [0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6]
+    table = [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]
     expected = [v * 2.0 * 3.0 for v in table] + [v * 0.5 * 3.0 for v in reversed(table)]
     assert w.tolist() == [expected]
 
 
 def test_nvfp4_rejects_bad_groups() -> None:
     with pytest.raises(ValueError, match="groups"):
-        dequantize_nvfp4(torch.zeros(1, 16, dtype=torch.uint8),
-                         torch.ones(1, 1).to(torch.float8_e4m3fn), torch.tensor(1.0))  # fmt: skip
+        dequantize_nvfp4(
+            torch.zeros(1, 16, dtype=torch.uint8), torch.ones(1, 1).to(torch.float8_e4m3fn), torch.tensor(1.0)
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

@@ -34,16 +34,24 @@ from mtpconv.quantconfig.rewrite import fixed_exclusion_configs, variant_configs
 
 
 def fuzz(n: int) -> Any:
-    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))  # fmt: skip
+    return settings(
+        max_examples=n,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 # --------------------------------------------------------------------------- JSON-ish values
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False), st.text(max_size=6),
-)  # fmt: skip
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=6),
+)
 json_values = st.recursive(
     scalars,
     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=4), kids, max_size=3),
@@ -51,8 +59,9 @@ json_values = st.recursive(
 )
 
 # Cheap non-recursive junk: most of the fuzzing budget goes to running the code, not drawing.
-junk = st.one_of(scalars, st.lists(scalars, max_size=3),
-                 st.dictionaries(st.text(max_size=3), scalars, max_size=2))  # fmt: skip
+junk = st.one_of(
+    scalars, st.lists(scalars, max_size=3), st.dictionaries(st.text(max_size=3), scalars, max_size=2)
+)
 
 # --------------------------------------------------------------------------- safetensors headers
 
@@ -71,8 +80,9 @@ entries = st.one_of(
 )
 headers = st.dictionaries(
     st.one_of(st.sampled_from(["a", "b", "__metadata__", "mtp.fc.weight"]), st.text(max_size=10)),
-    entries, max_size=5,
-)  # fmt: skip
+    entries,
+    max_size=5,
+)
 
 
 def _check_header(raw: bytes, data_size: int) -> None:
@@ -109,9 +119,16 @@ def _valid_file_bytes() -> bytes:
 
     from safetensors.torch import save
 
-    buf = io.BytesIO(save({"mtp.fc.weight": torch.ones(4, 8, dtype=torch.bfloat16),
-                           "mtp.norm.weight": torch.ones(4), "scale": torch.tensor(1.0)},
-                          metadata={"format": "pt"}))  # fmt: skip
+    buf = io.BytesIO(
+        save(
+            {
+                "mtp.fc.weight": torch.ones(4, 8, dtype=torch.bfloat16),
+                "mtp.norm.weight": torch.ones(4),
+                "scale": torch.tensor(1.0),
+            },
+            metadata={"format": "pt"},
+        )
+    )
     return buf.getvalue()
 
 
@@ -165,12 +182,29 @@ def test_read_header_mutated_files(blob: bytes, scratch: Path) -> None:
 SHARD_NAMES = ["s1.safetensors", "s2.safetensors"]
 shard_refs = st.one_of(
     st.sampled_from(SHARD_NAMES),
-    st.sampled_from(["", ".", "..", "../s1.safetensors", "/etc/passwd", "sub/", "s1.safetensors/",
-                     "./s1.safetensors", "a\\b", "x\x00y", "missing.safetensors", "config.json",
-                     "s" * 300, "d/" * 60 + "s1.safetensors", "loop", "dir"]),
+    st.sampled_from(
+        [
+            "",
+            ".",
+            "..",
+            "../s1.safetensors",
+            "/etc/passwd",
+            "sub/",
+            "s1.safetensors/",
+            "./s1.safetensors",
+            "a\\b",
+            "x\x00y",
+            "missing.safetensors",
+            "config.json",
+            "s" * 300,
+            "d/" * 60 + "s1.safetensors",
+            "loop",
+            "dir",
+        ]
+    ),
     st.text(max_size=20),
     junk,
-)  # fmt: skip
+)
 tensor_names = st.one_of(st.sampled_from(["a", "b", "c", ""]), st.text(max_size=6))
 index_docs = st.one_of(
     st.fixed_dictionaries(
@@ -206,44 +240,98 @@ def test_index_loader_arbitrary_json(doc: Any, raw: bool, text: str, ckpt: Path)
 
 # --------------------------------------------------------------------------- config rewriters
 
-MODULES = ["mtp.fc", "mtp.layers.0.self_attn.q_proj", "mtp.layers.0.mlp.experts.0.up_proj",
-           "model.language_model.mtp.fc", "model.layers.0.self_attn.o_proj",
-           "model.layers.1.mlp.gate", "lm_head", "model.visual.blocks.0.attn.qkv"]  # fmt: skip
-patterns = st.one_of(st.sampled_from(["lm_head", "mtp*", "mtp.layers.0*", "model.visual*", "*",
-                                      "re:mtp\\..*", "re:[", "re:(", "*.mlp.gate", "[", "mtp.fc"]),
-                     st.text(max_size=8))  # fmt: skip
+MODULES = [
+    "mtp.fc",
+    "mtp.layers.0.self_attn.q_proj",
+    "mtp.layers.0.mlp.experts.0.up_proj",
+    "model.language_model.mtp.fc",
+    "model.layers.0.self_attn.o_proj",
+    "model.layers.1.mlp.gate",
+    "lm_head",
+    "model.visual.blocks.0.attn.qkv",
+]
+patterns = st.one_of(
+    st.sampled_from(
+        [
+            "lm_head",
+            "mtp*",
+            "mtp.layers.0*",
+            "model.visual*",
+            "*",
+            "re:mtp\\..*",
+            "re:[",
+            "re:(",
+            "*.mlp.gate",
+            "[",
+            "mtp.fc",
+        ]
+    ),
+    st.text(max_size=8),
+)
 algos = st.one_of(st.sampled_from(["NVFP4", "FP8", "MIXED_PRECISION", "nvfp4", "W4A16"]), junk)
-methods = st.one_of(st.sampled_from(["modelopt", "compressed-tensors", "fp8", "gptq", "", "MODELOPT"]),
-                    junk)  # fmt: skip
+methods = st.one_of(st.sampled_from(["modelopt", "compressed-tensors", "fp8", "gptq", "", "MODELOPT"]), junk)
 maybe = st.one_of(st.lists(patterns, max_size=4), junk)
 layer_maps = st.one_of(
-    st.dictionaries(st.sampled_from(MODULES + ["mtp", "model.layers.0"]),
-                    st.one_of(st.fixed_dictionaries({"quant_algo": algos}), junk), max_size=3),
+    st.dictionaries(
+        st.sampled_from(MODULES + ["mtp", "model.layers.0"]),
+        st.one_of(st.fixed_dictionaries({"quant_algo": algos}), junk),
+        max_size=3,
+    ),
     junk,
-)  # fmt: skip
+)
 quantization = st.fixed_dictionaries(
-    {}, optional={"quant_algo": algos, "exclude_modules": maybe, "kv_cache_quant_algo": algos,
-                  "quantized_layers": layer_maps, "group_size": junk},
-)  # fmt: skip
-ct_groups = st.dictionaries(st.text(max_size=4), st.one_of(st.fixed_dictionaries(
-    {"targets": st.one_of(st.lists(patterns, max_size=3), junk),
-     "weights": st.one_of(st.fixed_dictionaries({"num_bits": st.sampled_from([4, 8, "8"]),
-                                                 "type": st.sampled_from(["float", "int", 3])}),
-                          junk)}), junk), max_size=2)  # fmt: skip
+    {},
+    optional={
+        "quant_algo": algos,
+        "exclude_modules": maybe,
+        "kv_cache_quant_algo": algos,
+        "quantized_layers": layer_maps,
+        "group_size": junk,
+    },
+)
+ct_groups = st.dictionaries(
+    st.text(max_size=4),
+    st.one_of(
+        st.fixed_dictionaries(
+            {
+                "targets": st.one_of(st.lists(patterns, max_size=3), junk),
+                "weights": st.one_of(
+                    st.fixed_dictionaries(
+                        {
+                            "num_bits": st.sampled_from([4, 8, "8"]),
+                            "type": st.sampled_from(["float", "int", 3]),
+                        }
+                    ),
+                    junk,
+                ),
+            }
+        ),
+        junk,
+    ),
+    max_size=2,
+)
 qc = st.fixed_dictionaries(
-    {}, optional={"quant_method": methods, "quant_algo": algos, "ignore": maybe,
-                  "ignored_layers": maybe, "modules_to_not_convert": maybe,
-                  "quantization": st.one_of(quantization, junk), "quantized_layers": layer_maps,
-                  "config_groups": st.one_of(ct_groups, junk),
-                  "kv_cache_scheme": junk},
-)  # fmt: skip
+    {},
+    optional={
+        "quant_method": methods,
+        "quant_algo": algos,
+        "ignore": maybe,
+        "ignored_layers": maybe,
+        "modules_to_not_convert": maybe,
+        "quantization": st.one_of(quantization, junk),
+        "quantized_layers": layer_maps,
+        "config_groups": st.one_of(ct_groups, junk),
+        "kv_cache_scheme": junk,
+    },
+)
 configs = st.fixed_dictionaries(
     {"model_type": st.sampled_from(["qwen3_5", "qwen3_next"])},
-    optional={"quantization_config": st.one_of(qc, junk),
-              "text_config": st.one_of(st.fixed_dictionaries({}, optional={"quantization_config": qc}),
-                                       junk),
-              "compression_config": st.one_of(qc, junk)},
-)  # fmt: skip
+    optional={
+        "quantization_config": st.one_of(qc, junk),
+        "text_config": st.one_of(st.fixed_dictionaries({}, optional={"quantization_config": qc}), junk),
+        "compression_config": st.one_of(qc, junk),
+    },
+)
 hf_quants = st.one_of(  # the loader refuses anything but an object
     st.none(),
     st.fixed_dictionaries({"producer": junk}, optional={"quantization": st.one_of(quantization, junk)}),
@@ -253,10 +341,15 @@ stored = st.dictionaries(st.sampled_from(MODULES), st.sampled_from(["plain", "nv
 
 
 @fuzz(2500)
-@given(config=configs, hf_quant=hf_quants, stored_map=stored,
-       drafter=st.sets(st.sampled_from(MODULES), max_size=4))  # fmt: skip
-def test_config_rewriters_arbitrary_json(config: dict[str, Any], hf_quant: Any,
-                                         stored_map: dict[str, str], drafter: set[str]) -> None:  # fmt: skip
+@given(
+    config=configs,
+    hf_quant=hf_quants,
+    stored_map=stored,
+    drafter=st.sets(st.sampled_from(MODULES), max_size=4),
+)
+def test_config_rewriters_arbitrary_json(
+    config: dict[str, Any], hf_quant: Any, stored_map: dict[str, str], drafter: set[str]
+) -> None:
     before = json.dumps([config, hf_quant], sort_keys=True)
     qcs = QuantConfigs(config=config, hf_quant=hf_quant)
     findings = audit_quant_configs(qcs, stored_map, drafter, all_modules=MODULES)
@@ -267,8 +360,10 @@ def test_config_rewriters_arbitrary_json(config: dict[str, Any], hf_quant: Any,
             declared_algorithm(decl, m)
     except MtpconvError:
         pass
-    for rewrite in (lambda: variant_configs(qcs, sorted(drafter), MODULES).documents,
-                    lambda: fixed_exclusion_configs(qcs, stored_map).documents):  # fmt: skip
+    for rewrite in (
+        lambda: variant_configs(qcs, sorted(drafter), MODULES).documents,
+        lambda: fixed_exclusion_configs(qcs, stored_map).documents,
+    ):
         try:
             new_hf, new_cfg = rewrite()
         except MtpconvError:

@@ -35,8 +35,9 @@ TMP_MARK = ".mtpconv-tmp-"
 
 # hidden 1024, intermediate 16384: the drafter is ~57M parameters (~115 MB in BF16),
 # the whole single-file checkpoint ~230 MB, all of it rewritten by quantize-mtp.
-BIG = Spec(family="qwen3_5", hidden=1024, intermediate=16384, layers=1, heads=8, kv_heads=2,
-           head_dim=128, vocab=1024)  # fmt: skip
+BIG = Spec(
+    family="qwen3_5", hidden=1024, intermediate=16384, layers=1, heads=8, kv_heads=2, head_dim=128, vocab=1024
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +55,12 @@ def _start(src: Path, dst: Path, *extra: str) -> subprocess.Popen[str]:
     env.pop("MTPCONV_DEBUG", None)
     return subprocess.Popen(
         [sys.executable, "-m", "mtpconv", "quantize-mtp", str(src), str(dst), "--device", "cpu", *extra],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _temp_dirs(dst: Path) -> list[Path]:
@@ -92,8 +97,9 @@ def _one_error(err: str) -> str:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_mid_write_leaves_nothing(sig: signal.Signals, big_src: Path,
-                                         big_digest: dict[str, str], tmp_path: Path) -> None:  # fmt: skip
+def test_signal_mid_write_leaves_nothing(
+    sig: signal.Signals, big_src: Path, big_digest: dict[str, str], tmp_path: Path
+) -> None:
     dst = tmp_path / "out" / "big-mtpfp8"
     proc = _start(big_src, dst)
     _wait_mid_write(proc, dst)
@@ -106,8 +112,7 @@ def test_signal_mid_write_leaves_nothing(sig: signal.Signals, big_src: Path,
     assert tree_digest(big_src) == big_digest
 
 
-def test_sigkill_then_next_run_cleans_up(big_src: Path, big_digest: dict[str, str],
-                                         tmp_path: Path) -> None:  # fmt: skip
+def test_sigkill_then_next_run_cleans_up(big_src: Path, big_digest: dict[str, str], tmp_path: Path) -> None:
     dst = tmp_path / "out" / "big-mtpfp8"
     proc = _start(big_src, dst)
     stale = _wait_mid_write(proc, dst)
@@ -160,16 +165,31 @@ def _wait_reading(proc: subprocess.Popen[str], path: Path, timeout: float = 60.0
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux /proc")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_while_counting_tokens(sig: signal.Signals, vocab_world: tuple[Path, Path],
-                                      tmp_path: Path) -> None:  # fmt: skip
+def test_signal_while_counting_tokens(
+    sig: signal.Signals, vocab_world: tuple[Path, Path], tmp_path: Path
+) -> None:
     src, corpus = vocab_world
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mtpconv", "build-draft-vocab", str(src), "--corpus", str(corpus),
-         "--size", "16", "--output", str(out / "ids.pt")],
-        cwd=REPO, env=dict(os.environ, HF_HUB_OFFLINE="1"), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mtpconv",
+            "build-draft-vocab",
+            str(src),
+            "--corpus",
+            str(corpus),
+            "--size",
+            "16",
+            "--output",
+            str(out / "ids.pt"),
+        ],
+        cwd=REPO,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_reading(proc, corpus)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
@@ -239,8 +259,9 @@ class _Counting:
 
 @pytest.fixture(scope="module")
 def small_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("small"),
-                            Spec(family="qwen3_5_moe", quant="nvfp4", shards=2))  # fmt: skip
+    return write_checkpoint(
+        tmp_path_factory.mktemp("small"), Spec(family="qwen3_5_moe", quant="nvfp4", shards=2)
+    )
 
 
 def _disk(monkeypatch: pytest.MonkeyPatch, root: Path, budget: int | None) -> _FullDisk:
@@ -250,8 +271,9 @@ def _disk(monkeypatch: pytest.MonkeyPatch, root: Path, budget: int | None) -> _F
     return disk
 
 
-def _bytes_written(monkeypatch: pytest.MonkeyPatch, args: list[str], out: Path,
-                   capsys: pytest.CaptureFixture[str]) -> int:  # fmt: skip
+def _bytes_written(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], out: Path, capsys: pytest.CaptureFixture[str]
+) -> int:
     with monkeypatch.context() as m:
         disk = _disk(m, out, None)
         code, _, err = run_cli(args, capsys)
@@ -263,16 +285,28 @@ def _bytes_written(monkeypatch: pytest.MonkeyPatch, args: list[str], out: Path,
 
 COMMANDS = {
     "quantize-mtp": lambda src, out: ["quantize-mtp", str(src), str(out / "v"), "--device", "cpu"],
-    "quantize-mtp --copy": lambda src, out: ["quantize-mtp", str(src), str(out / "v"), "--device", "cpu",
-                                             "--copy"],
+    "quantize-mtp --copy": lambda src, out: [
+        "quantize-mtp",
+        str(src),
+        str(out / "v"),
+        "--device",
+        "cpu",
+        "--copy",
+    ],
     "fix-exclusions --copy": lambda src, out: ["fix-exclusions", str(src), str(out / "v"), "--copy"],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("where", ["first-byte", "middle", "last-byte"])
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_full_disk(command: str, where: str, small_src: Path, tmp_path: Path,
-                   monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_full_disk(
+    command: str,
+    where: str,
+    small_src: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     args = COMMANDS[command](small_src, out)

@@ -24,8 +24,7 @@ def test_op_equals_function() -> None:
 def test_op_compiles_fullgraph_with_dynamic_tokens() -> None:
     w, s, b = _operands()
     torch._dynamo.reset()
-    f = torch.compile(lambda x: fp8_linear_op(x, w, s, b) * 2, fullgraph=True, dynamic=True,
-                      backend="eager")  # fmt: skip
+    f = torch.compile(lambda x: fp8_linear_op(x, w, s, b) * 2, fullgraph=True, dynamic=True, backend="eager")
     for tokens in (1, 3, 17):
         x = torch.randn(tokens, 32)
         assert torch.equal(f(x), fp8_linear(x, w, s, b) * 2)

@@ -124,8 +124,7 @@ def test_every_path_matches_reference(m: int, n: int, k: int, layout: str) -> No
     assert _rel(fp8_linear(x, w, s, b), ref) < (1e-2 if m == 1 else 6e-2)
 
 
-SKINNY = [(1, 5120, 6144), (1, 333, 1000), (2, 384, 2048), (16, 130, 5120), (17, 256, 512),
-          (3, 4096, 200)]  # fmt: skip
+SKINNY = [(1, 5120, 6144), (1, 333, 1000), (2, 384, 2048), (16, 130, 5120), (17, 256, 512), (3, 4096, 200)]
 
 
 @pytest.mark.parametrize(("m", "n", "k"), SKINNY)

@@ -102,8 +102,9 @@ def small_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def sharded_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """NVIDIA-style NVFP4 Qwen3.5 MoE (the mtp.fc gap), two shards + index."""
-    return write_checkpoint(tmp_path_factory.mktemp("sharded"),
-                            Spec(family="qwen3_5_moe", quant="nvfp4", shards=2))  # fmt: skip
+    return write_checkpoint(
+        tmp_path_factory.mktemp("sharded"), Spec(family="qwen3_5_moe", quant="nvfp4", shards=2)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -310,8 +311,9 @@ def _(w: Path, f: Fixtures) -> Case:
     # rewritten in place through the link, truncating the source's shard.
     src = _copy(f.sharded, w)
     doc = _index(src)
-    doc["weight_map"] = {k: (f"./{v}" if v == SHARD2 and not k.startswith("mtp.") else v)
-                         for k, v in doc["weight_map"].items()}  # fmt: skip
+    doc["weight_map"] = {
+        k: (f"./{v}" if v == SHARD2 and not k.startswith("mtp.") else v) for k, v in doc["weight_map"].items()
+    }
     _write_index(src, doc)
     return Case(_q(src, w), [INDEX, f"./{SHARD2}", "plain relative path"])
 
@@ -469,8 +471,9 @@ def _(w: Path, f: Fixtures) -> Case:
 def _(w: Path, f: Fixtures) -> Case:
     src = _copy(f.sharded, w)
     (src / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}}))
-    return Case(["fix-exclusions", str(src), str(w / "out" / "fixed")],
-                ["hf_quant_config.json", "quantization"])  # fmt: skip
+    return Case(
+        ["fix-exclusions", str(src), str(w / "out" / "fixed")], ["hf_quant_config.json", "quantization"]
+    )
 
 
 @case("fix-exclusions-config-exclude-not-a-list")
@@ -600,8 +603,16 @@ def _(w: Path, f: Fixtures) -> Case:
 
 
 def _vocab_args(src: Path, w: Path, corpus: Path) -> list[str]:
-    return ["build-draft-vocab", str(src), "--corpus", str(corpus), "--size", "16",
-            "--output", str(w / "out" / "ids.pt")]  # fmt: skip
+    return [
+        "build-draft-vocab",
+        str(src),
+        "--corpus",
+        str(corpus),
+        "--size",
+        "16",
+        "--output",
+        str(w / "out" / "ids.pt"),
+    ]
 
 
 @case("vocab-empty-corpus")
@@ -781,8 +792,7 @@ def fixtures(small_src: Path, sharded_src: Path, variant_dir: Path, vocab_src: P
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_bad_input(name: str, fixtures: Fixtures, tmp_path: Path,
-                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_bad_input(name: str, fixtures: Fixtures, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     world = tmp_path / "world"
     world.mkdir()
     (world / "out").mkdir()
@@ -808,10 +818,13 @@ def test_matrix_covers_every_command() -> None:
     assert len(CASES) >= 25
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file whatever its mode; "
-                    "unreadability is covered by the directory and FIFO cases")  # fmt: skip
-def test_unreadable_shard_by_permissions(sharded_src: Path, tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+@pytest.mark.skipif(
+    os.geteuid() == 0,
+    reason="root reads any file whatever its mode; unreadability is covered by the directory and FIFO cases",
+)
+def test_unreadable_shard_by_permissions(
+    sharded_src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     src = _copy(sharded_src, tmp_path)
     (src / SHARD1).chmod(0)
     try:
@@ -834,8 +847,9 @@ def test_source_ids_file_is_not_written_through(small_src: Path, tmp_path: Path)
     before = snapshot(src)
     quantize_mtp(str(src), tmp_path / "v", draft_vocab=ids, device="cpu")
     assert snapshot(src) == before
-    assert torch.equal(torch.load(tmp_path / "v" / "mtp_draft_vocab_ids.pt", weights_only=True),
-                       torch.arange(0, 40, 2))  # fmt: skip
+    assert torch.equal(
+        torch.load(tmp_path / "v" / "mtp_draft_vocab_ids.pt", weights_only=True), torch.arange(0, 40, 2)
+    )
     manifest = read_manifest(tmp_path / "v")
     assert manifest is not None and verify_files(tmp_path / "v", manifest) == []
 
@@ -869,13 +883,22 @@ def test_force_over_a_file_leaves_no_stray_temp(small_src: Path, tmp_path: Path)
     ("command", "edit"),
     [
         ("publish", lambda d: d["quantization_error"].update({"mtp.fc": {"rel_l2": "x"}})),
-        ("inspect", lambda d: d.update(draft_vocab={"size": 1, "file": "f", "sha256": "0",
-                                                    "head_tensor": 1, "head_dtype": "fp8"})),
+        (
+            "inspect",
+            lambda d: d.update(
+                draft_vocab={"size": 1, "file": "f", "sha256": "0", "head_tensor": 1, "head_dtype": "fp8"}
+            ),
+        ),
     ],
     ids=["publish-quantization-error-not-a-number", "inspect-draft-head-not-a-string"],
-)  # fmt: skip
-def test_hand_edited_manifest_types(command: str, edit: Callable[[dict], None], variant_dir: Path,
-                                    tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+)
+def test_hand_edited_manifest_types(
+    command: str,
+    edit: Callable[[dict], None],
+    variant_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     src = _copy(variant_dir, tmp_path)
     doc = json.loads((src / "mtpconv.json").read_text())
     edit(doc)

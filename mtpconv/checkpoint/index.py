@@ -33,9 +33,7 @@ class CheckpointFiles:
     tensors: dict[str, TensorInfo] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.tensors = {
-            name: self.shards[file].tensors[name] for name, file in self.weight_map.items()
-        }
+        self.tensors = {name: self.shards[file].tensors[name] for name, file in self.weight_map.items()}
 
     @property
     def total_tensor_bytes(self) -> int:
@@ -55,11 +53,16 @@ def index_text(metadata: Mapping[str, Any], weight_map: Mapping[str, str], total
 
 
 def _load_index(path: Path) -> dict[str, Any]:
-    doc = read_json(path, CheckpointFormatError, require_object=False, reject_duplicate_keys=True,
-                    remedy="re-export the index")
+    doc = read_json(
+        path,
+        CheckpointFormatError,
+        require_object=False,
+        reject_duplicate_keys=True,
+        remedy="re-export the index",
+    )
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         raise CheckpointFormatError(
-            f"{path.name} is not a safetensors index: it needs a \"weight_map\" object."
+            f'{path.name} is not a safetensors index: it needs a "weight_map" object.'
         )
     return doc
 
@@ -88,8 +91,7 @@ def _check_shard_path(directory: Path, rel: str, link_root: Path | None) -> Path
         is_file = path.is_file()
     except OSError as exc:
         raise CheckpointFormatError(
-            f"{INDEX_NAME} names shard {rel[:80]!r}, which cannot be opened "
-            f"({exc.strerror or exc})."
+            f"{INDEX_NAME} names shard {rel[:80]!r}, which cannot be opened ({exc.strerror or exc})."
         ) from None
     if exists and root not in real.parents and real != root:
         raise CheckpointFormatError(
@@ -144,8 +146,7 @@ def load_checkpoint_files(
                 # A tensor the index does not place in this shard would be silently
                 # dropped (or duplicated) by a conversion that rewrites the shard.
                 if weight_map.get(name) != rel:
-                    where = (f"puts it in {weight_map[name]}" if name in weight_map
-                             else "does not list it")  # fmt: skip
+                    where = f"puts it in {weight_map[name]}" if name in weight_map else "does not list it"
                     raise CheckpointFormatError(
                         f"{rel} holds tensor {name!r} but {INDEX_NAME} {where}; the index "
                         "does not match the shards. Re-export the index."
@@ -155,9 +156,7 @@ def load_checkpoint_files(
 
     candidates = sorted(p.name for p in directory.glob("*.safetensors") if p.is_file())
     if not candidates:
-        raise SourceError(
-            f"{directory} has no safetensors weights (no {INDEX_NAME} and no *.safetensors)."
-        )
+        raise SourceError(f"{directory} has no safetensors weights (no {INDEX_NAME} and no *.safetensors).")
     shards = {}
     weight_map = {}
     for rel in candidates:

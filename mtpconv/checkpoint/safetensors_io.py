@@ -83,9 +83,7 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
-def parse_header_bytes(
-    raw: bytes, *, file: str, data_size: int, data_start: int
-) -> SafetensorsHeader:
+def parse_header_bytes(raw: bytes, *, file: str, data_size: int, data_start: int) -> SafetensorsHeader:
     """Validate a decoded header against the size of the data region that follows it."""
     where = f"{file}: safetensors header"
     try:
@@ -105,15 +103,12 @@ def parse_header_bytes(
         raise CheckpointFormatError(f"{where} has a __metadata__ that is not a string map.")
     tensors: dict[str, TensorInfo] = {}
     for name, entry in doc.items():
-        tensors[name] = _parse_entry(name, entry, file=file, data_size=data_size,
-                                     data_start=data_start)  # fmt: skip
+        tensors[name] = _parse_entry(name, entry, file=file, data_size=data_size, data_start=data_start)
     _check_overlaps(tensors, file)
     return SafetensorsHeader(file=file, data_start=data_start, tensors=tensors, metadata=metadata)
 
 
-def _parse_entry(
-    name: str, entry: Any, *, file: str, data_size: int, data_start: int
-) -> TensorInfo:
+def _parse_entry(name: str, entry: Any, *, file: str, data_size: int, data_start: int) -> TensorInfo:
     where = f"{file}: tensor {name!r}"
     if not isinstance(entry, dict):
         raise CheckpointFormatError(f"{where} has a header entry that is not an object.")
@@ -142,8 +137,9 @@ def _parse_entry(
             f"{where} spans {end - begin} bytes but {dtype} x {shape} needs {expected}; "
             "the header is corrupt."
         )
-    return TensorInfo(name=name, dtype=dtype, shape=tuple(shape), file=file,
-                      start=data_start + begin, end=data_start + end)  # fmt: skip
+    return TensorInfo(
+        name=name, dtype=dtype, shape=tuple(shape), file=file, start=data_start + begin, end=data_start + end
+    )
 
 
 def _check_overlaps(tensors: dict[str, TensorInfo], file: str) -> None:
@@ -151,8 +147,7 @@ def _check_overlaps(tensors: dict[str, TensorInfo], file: str) -> None:
     for (_, prev_end, prev), (start, _, name) in zip(spans, spans[1:], strict=False):
         if start < prev_end:
             raise CheckpointFormatError(
-                f"{file}: tensors {prev!r} and {name!r} overlap in the data region; "
-                "the file is corrupt."
+                f"{file}: tensors {prev!r} and {name!r} overlap in the data region; the file is corrupt."
             )
 
 
@@ -164,9 +159,7 @@ def read_header(path: str | os.PathLike[str], *, file: str | None = None) -> Saf
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < 8:
-                raise CheckpointFormatError(
-                    f"{label} is {size} bytes, too short for a safetensors file."
-                )
+                raise CheckpointFormatError(f"{label} is {size} bytes, too short for a safetensors file.")
             (n,) = struct.unpack("<Q", f.read(8))
             if n > MAX_HEADER_BYTES or 8 + n > size:
                 raise CheckpointFormatError(

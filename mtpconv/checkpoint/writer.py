@@ -54,8 +54,10 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
 
 def _disk_error(exc: OSError, path: Path) -> OutputError:
     if exc.errno == errno.ENOSPC:
-        return OutputError(f"no space left on the device while writing {path}; free space "
-                           "and run again (nothing was left at the destination).")  # fmt: skip
+        return OutputError(
+            f"no space left on the device while writing {path}; free space "
+            "and run again (nothing was left at the destination)."
+        )
     return OutputError(f"cannot write {path}: {exc.strerror or exc}.")
 
 
@@ -114,8 +116,11 @@ def safetensors_header(specs: list[TensorSpec], metadata: dict[str, str] | None)
         doc["__metadata__"] = dict(metadata)
     offset = 0
     for spec in specs:
-        doc[spec.name] = {"dtype": spec.dtype, "shape": list(spec.shape),
-                          "data_offsets": [offset, offset + spec.nbytes]}  # fmt: skip
+        doc[spec.name] = {
+            "dtype": spec.dtype,
+            "shape": list(spec.shape),
+            "data_offsets": [offset, offset + spec.nbytes],
+        }
         offset += spec.nbytes
     raw = json.dumps(doc, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # data region 8-byte aligned, as safetensors does
@@ -272,9 +277,7 @@ def _lock(dst: Path) -> Iterator[None]:
             # Only the holder removes the lock file: a loser unlinking it would let a
             # third process lock a fresh file and write alongside the holder.
             os.close(fd)
-            raise OutputError(
-                f"another mtpconv process is writing {dst}; wait for it to finish."
-            ) from None
+            raise OutputError(f"another mtpconv process is writing {dst}; wait for it to finish.") from None
         try:
             same = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
         except FileNotFoundError:

@@ -154,7 +154,8 @@ def quantize_fp8_checked(w: torch.Tensor) -> tuple[Fp8Tensor, QuantError]:
         total = sum(n * n for _, n in norms) ** 0.5
         rel = (sum((r * n) ** 2 for r, n in norms) ** 0.5 / total) if total > 0 else 0.0
         return Fp8Tensor(weight, scale), QuantError(
-            rel_l2=rel, max_abs=max(e.max_abs for _, e in parts), amax=max(e.amax for _, e in parts))
+            rel_l2=rel, max_abs=max(e.max_abs for _, e in parts), amax=max(e.amax for _, e in parts)
+        )
     if w.dim() == 2 and w.device.type == "cpu" and w.dtype in _HALF_DTYPES:
         return _quantize_half_lut(w)
     amax = w.abs().amax()

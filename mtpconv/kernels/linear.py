@@ -220,9 +220,13 @@ def run_path(
         q, sa = reference.quant_per_tensor(x.reshape(-1, x.shape[-1]))
         if per_row_w:
             y = reference.scaled_mm(
-                q, w_fp8, sa.reshape(1, 1).expand(q.shape[0], 1).contiguous(),
-                w_scale.to(torch.float32).reshape(1, n), bias, x.dtype,
-            )  # fmt: skip
+                q,
+                w_fp8,
+                sa.reshape(1, 1).expand(q.shape[0], 1).contiguous(),
+                w_scale.to(torch.float32).reshape(1, n),
+                bias,
+                x.dtype,
+            )
         else:
             y = reference.scaled_mm(q, w_fp8, sa, w_scale.to(torch.float32), bias, x.dtype)
     elif path is Fp8Path.SCALED_MM_STATIC:
@@ -264,8 +268,10 @@ def fp8_linear(
     n, k = w_fp8.shape
     block = reference.is_block_scale(w_scale, n, k)
     if not block and w_scale.numel() not in (1, n):
-        raise ValueError(f"w_scale must be 0-d, [{n}] or [{-(-n // 128)}, {-(-k // 128)}] (128x128 "
-                         f"blocks), got shape {tuple(w_scale.shape)}")  # fmt: skip
+        raise ValueError(
+            f"w_scale must be 0-d, [{n}] or [{-(-n // 128)}, {-(-k // 128)}] (128x128 "
+            f"blocks), got shape {tuple(w_scale.shape)}"
+        )
     if path is None:
         tokens = x.numel() // max(x.shape[-1], 1)
         path = select_path(

@@ -24,6 +24,7 @@ def fp8_linear_op(
 
 
 @fp8_linear_op.register_fake
-def _(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor,
-      bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def _(
+    x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], w_fp8.shape[0]))

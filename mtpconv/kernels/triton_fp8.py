@@ -25,13 +25,24 @@ import triton.language as tl
 
 @triton.jit
 def _wo_dot_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, o_ptr,
-    M, N, K,
-    stride_xm, stride_wn, stride_om,
-    PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    o_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    PER_ROW: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
-):  # fmt: skip
+):
     # Swapped operands: out.T[BLOCK_N, BLOCK_M] = W[BLOCK_N, K] @ x.T[K, BLOCK_M], so the
     # weight rows fill the MMA's M side (>= 16) and the few tokens its N side.
     pid_n = tl.program_id(0)
@@ -68,12 +79,22 @@ def _wo_dot_kernel(
 
 @triton.jit
 def _wo_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, o_ptr,
-    N, K,
-    stride_xm, stride_wn, stride_om,
-    PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    o_ptr,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    PER_ROW: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
     # One output row per program column: the reduction runs on CUDA cores,
     # which costs nothing next to the weight bytes at one token.
     pid_n = tl.program_id(0)
@@ -144,24 +165,49 @@ def wo_linear(
         block_n, block_k, warps = config if config is not None else _gemv_config(n, k)
         grid = (triton.cdiv(n, block_n), m)
         _wo_gemv_kernel[grid](
-            x2, w_fp8, w_scale, b, out, n, k,
-            x2.stride(0), w_fp8.stride(0), out.stride(0),
-            PER_ROW=per_row, HAS_BIAS=bias is not None,
-            BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
+            x2,
+            w_fp8,
+            w_scale,
+            b,
+            out,
+            n,
+            k,
+            x2.stride(0),
+            w_fp8.stride(0),
+            out.stride(0),
+            PER_ROW=per_row,
+            HAS_BIAS=bias is not None,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            EVEN_K=k % block_k == 0,
             num_warps=warps,
-        )  # fmt: skip
+        )
     else:
         cfg = config if config is not None else _dot_config(m, n, k)
         block_m, block_n, block_k, warps = cfg[:4]
         stages = cfg[4] if len(cfg) > 4 else 4
         grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
         _wo_dot_kernel[grid](
-            x2, w_fp8, w_scale, b, out, m, n, k,
-            x2.stride(0), w_fp8.stride(0), out.stride(0),
-            PER_ROW=per_row, HAS_BIAS=bias is not None,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
-            num_warps=warps, num_stages=stages,
-        )  # fmt: skip
+            x2,
+            w_fp8,
+            w_scale,
+            b,
+            out,
+            m,
+            n,
+            k,
+            x2.stride(0),
+            w_fp8.stride(0),
+            out.stride(0),
+            PER_ROW=per_row,
+            HAS_BIAS=bias is not None,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            EVEN_K=k % block_k == 0,
+            num_warps=warps,
+            num_stages=stages,
+        )
     return out.reshape(*x.shape[:-1], n)
 
 

@@ -30,12 +30,24 @@ def _gemv_config(n: int, k: int) -> tuple[int, int, int]:
 
 @triton.jit
 def _wo_moe_kernel(
-    x_ptr, w_ptr, s_ptr, ids_ptr, o_ptr,
-    N, K, TOPK,
-    stride_xm, stride_we, stride_wn, stride_om,
-    X_PER_PAIR: tl.constexpr, HAS_SCALE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    ids_ptr,
+    o_ptr,
+    N,
+    K,
+    TOPK,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_om,
+    X_PER_PAIR: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
@@ -89,24 +101,55 @@ def wo_moe(
     block_n, block_k, warps = _gemv_config(n * pairs, k)
     grid = (triton.cdiv(n, block_n), pairs)
     _wo_moe_kernel[grid](
-        x, w, w_scale if w_scale is not None else ids, ids, out, n, k, topk,
-        x.stride(0), w.stride(0), w.stride(1), out.stride(0),
-        X_PER_PAIR=x_per_pair, HAS_SCALE=w_scale is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
+        x,
+        w,
+        w_scale if w_scale is not None else ids,
+        ids,
+        out,
+        n,
+        k,
+        topk,
+        x.stride(0),
+        w.stride(0),
+        w.stride(1),
+        out.stride(0),
+        X_PER_PAIR=x_per_pair,
+        HAS_SCALE=w_scale is not None,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        EVEN_K=k % block_k == 0,
         num_warps=warps,
-    )  # fmt: skip
+    )
     return out
 
 
 @triton.jit
 def _moe_grouped_kernel(
-    x_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, o_ptr,
-    N, K, TOPK, PAIRS,
-    stride_xm, stride_we, stride_wn, stride_om,
-    X_PER_PAIR: tl.constexpr, ACT: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_RW: tl.constexpr,
-    PAIRS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, DOT: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    ids_ptr,
+    rw_ptr,
+    o_ptr,
+    N,
+    K,
+    TOPK,
+    PAIRS,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_om,
+    X_PER_PAIR: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_RW: tl.constexpr,
+    PAIRS_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT: tl.constexpr,
+):
     # DOT=False (one token per expert at most, BLOCK_M == 1): FMA on CUDA cores with a
     # 2-D accumulator reduced once at the end, as the skinny GEMM does at one token.
     pid_n = tl.program_id(0)
@@ -129,8 +172,7 @@ def _moe_grouped_kernel(
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         mask_n = offs_n < N
-        w_ptrs = (w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None] * stride_wn
-                  + offs_k[None, :])  # fmt: skip
+        w_ptrs = w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :]
         x_ptrs = x_ptr + rows[None, :] * stride_xm + offs_k[:, None]
         if DOT:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -142,8 +184,9 @@ def _moe_grouped_kernel(
                 xmask = valid[None, :]
             else:
                 mask_k = (k0 + offs_k) < K
-                w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0,
-                            eviction_policy="evict_first")  # fmt: skip
+                w = tl.load(
+                    w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0, eviction_policy="evict_first"
+                )
                 xmask = valid[None, :] & mask_k[:, None]
             if ACT:  # the input holds [gate | up]: feed SiLU(gate) * up
                 g = tl.load(x_ptrs, mask=xmask, other=0.0).to(tl.float32)
@@ -218,11 +261,31 @@ def moe_grouped(
     rw = route_w.reshape(-1).contiguous() if route_w is not None else ids
     grid = (triton.cdiv(n, block_n), pairs)
     _moe_grouped_kernel[grid](
-        x, w, w_scale if w_scale is not None else ids, ids, rw, out,
-        n, k, topk, pairs,
-        x.stride(0), w.stride(0), w.stride(1), out.stride(0),
-        X_PER_PAIR=x_per_pair, ACT=act, HAS_SCALE=w_scale is not None, HAS_RW=route_w is not None,
-        PAIRS_PAD=triton.next_power_of_2(pairs), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, EVEN_K=k % block_k == 0, DOT=dot, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
+        x,
+        w,
+        w_scale if w_scale is not None else ids,
+        ids,
+        rw,
+        out,
+        n,
+        k,
+        topk,
+        pairs,
+        x.stride(0),
+        w.stride(0),
+        w.stride(1),
+        out.stride(0),
+        X_PER_PAIR=x_per_pair,
+        ACT=act,
+        HAS_SCALE=w_scale is not None,
+        HAS_RW=route_w is not None,
+        PAIRS_PAD=triton.next_power_of_2(pairs),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        EVEN_K=k % block_k == 0,
+        DOT=dot,
+        num_warps=warps,
+        num_stages=stages,
+    )
     return out

@@ -30,10 +30,16 @@ _TINY = tl.constexpr(1.1754943508222875e-38)
 
 @triton.jit
 def _quant_per_token_kernel(
-    x_ptr, q_ptr, s_ptr, ws_ptr,
-    K, stride_xm, stride_qm,
-    HAS_WS: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    ws_ptr,
+    K,
+    stride_xm,
+    stride_qm,
+    HAS_WS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_K)
     mask = offs < K
@@ -58,10 +64,16 @@ def _quant_static_kernel(x_ptr, q_ptr, s_ptr, numel, BLOCK: tl.constexpr):
 
 @triton.jit
 def _quant_tensor_kernel(
-    x_ptr, q_ptr, s_ptr, amax_ptr, sync_ptr,
-    numel, chunk,
-    NPROG: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    amax_ptr,
+    sync_ptr,
+    numel,
+    chunk,
+    NPROG: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     # Dynamic per-tensor quantization in ONE launch. With one program (small
     # activations: decode) it is a plain two-pass loop. With several, every
     # program folds its chunk's amax into a global atomic max, waits at a grid
@@ -116,9 +128,17 @@ def quant_per_token(
     block_k = triton.next_power_of_2(k)
     warps = 4 if block_k <= 2048 else (8 if block_k <= 8192 else 16)
     _quant_per_token_kernel[(m,)](
-        x2, q, s, w_scale if w_scale is not None else s, k, x2.stride(0), q.stride(0),
-        HAS_WS=w_scale is not None, BLOCK_K=block_k, num_warps=warps,
-    )  # fmt: skip
+        x2,
+        q,
+        s,
+        w_scale if w_scale is not None else s,
+        k,
+        x2.stride(0),
+        q.stride(0),
+        HAS_WS=w_scale is not None,
+        BLOCK_K=block_k,
+        num_warps=warps,
+    )
     return q, s
 
 

@@ -40,13 +40,32 @@ SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK = 0, 1, 2
 
 @triton.jit
 def _skinny_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, ws_ptr, cnt_ptr,
-    M, N, K, k_per_split, n_split,
-    stride_xm, stride_wn, stride_om, stride_sn,
-    SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, USE_SPLIT: tl.constexpr, DOT: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    o_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    n_split,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    stride_sn,
+    SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_SPLIT: tl.constexpr,
+    DOT: tl.constexpr,
     MMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-):  # fmt: skip
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -68,8 +87,9 @@ def _skinny_kernel(
             w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0, eviction_policy="evict_first")
         else:
             mask_k = (k_start + kk + offs_k) < K
-            w = tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0,
-                        eviction_policy="evict_first")  # fmt: skip
+            w = tl.load(
+                w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0, eviction_policy="evict_first"
+            )
         if SCALE == 2:
             sb = tl.load(s_ptr + (offs_n // 128) * stride_sn + (k_start + kk) // 128, mask=mask_n, other=0.0)
         if DOT:
@@ -127,8 +147,19 @@ def _skinny_kernel(
 
 
 @triton.jit
-def _epilogue(acc, s_ptr, b_ptr, o_ptr, offs_n, offs_m, mask_n, mask, stride_om,
-              SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+def _epilogue(
+    acc,
+    s_ptr,
+    b_ptr,
+    o_ptr,
+    offs_n,
+    offs_m,
+    mask_n,
+    mask,
+    stride_om,
+    SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
     if SCALE == 0:
         acc = acc * tl.load(s_ptr)
     elif SCALE == 1:
@@ -223,8 +254,10 @@ def scale_kind(w_scale: torch.Tensor, n: int, k: int) -> int:
         return SCALE_BLOCK
     if w_scale.numel() == n:
         return SCALE_ROW
-    raise ValueError(f"weight scale of shape {tuple(w_scale.shape)} fits neither 0-d, [{n}] "
-                     f"nor 128x128 blocks of a [{n}, {k}] weight")  # fmt: skip
+    raise ValueError(
+        f"weight scale of shape {tuple(w_scale.shape)} fits neither 0-d, [{n}] "
+        f"nor 128x128 blocks of a [{n}, {k}] weight"
+    )
 
 
 def skinny_linear(
@@ -256,18 +289,40 @@ def skinny_linear(
     block_m = 1 if not dot else (16 if m <= 16 else (32 if m <= 32 else 64))
     m_tiles = triton.cdiv(m, block_m)
     n_tiles = triton.cdiv(n, cfg.block_n)
-    n_split, k_per = split_for(n_tiles * m_tiles, k, max(block_k, BLOCK if kind == SCALE_BLOCK else 1),
-                               cfg.programs)  # fmt: skip
+    n_split, k_per = split_for(
+        n_tiles * m_tiles, k, max(block_k, BLOCK if kind == SCALE_BLOCK else 1), cfg.programs
+    )
     if n_split > 1:
         ws, cnt = _workspace(x.device, n_split * m * n, n_tiles * m_tiles)
     else:
         ws, cnt = out, out  # unused pointers
     _skinny_kernel[(n_tiles, n_split, m_tiles)](
-        x2, w, s, bias if bias is not None else s, out, ws, cnt,
-        m, n, k, k_per, n_split,
-        x2.stride(0), w.stride(0), out.stride(0), s.stride(0) if kind == SCALE_BLOCK else 0,
-        SCALE=kind, HAS_BIAS=bias is not None, USE_SPLIT=n_split > 1, DOT=dot, MMA=cfg.mma if dot else 0,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, EVEN_K=k % k_per == 0,
-        num_warps=cfg.warps, num_stages=cfg.stages,
-    )  # fmt: skip
+        x2,
+        w,
+        s,
+        bias if bias is not None else s,
+        out,
+        ws,
+        cnt,
+        m,
+        n,
+        k,
+        k_per,
+        n_split,
+        x2.stride(0),
+        w.stride(0),
+        out.stride(0),
+        s.stride(0) if kind == SCALE_BLOCK else 0,
+        SCALE=kind,
+        HAS_BIAS=bias is not None,
+        USE_SPLIT=n_split > 1,
+        DOT=dot,
+        MMA=cfg.mma if dot else 0,
+        BLOCK_M=block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=block_k,
+        EVEN_K=k % k_per == 0,
+        num_warps=cfg.warps,
+        num_stages=cfg.stages,
+    )
     return out.reshape(*x.shape[:-1], n)

@@ -70,11 +70,18 @@ def _random_fill(g: torch.Generator) -> Fill:
 def _layer(p: str, s: Spec, g: torch.Generator, *, moe: bool) -> dict[str, torch.Tensor]:
     qwen = s.family.startswith(("qwen3_5", "qwen3_next", "qwen4exp"))
     dims = LayerDims(
-        hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
-        intermediate=s.intermediate, experts=s.experts if moe else 0,
-        expert_intermediate=s.intermediate, shared_intermediate=s.intermediate, gated_q=qwen,
-        shared_name="shared_expert" if qwen else "shared_experts", fused_experts=s.fused_experts,
-    )  # fmt: skip
+        hidden=s.hidden,
+        heads=s.heads,
+        kv_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        intermediate=s.intermediate,
+        experts=s.experts if moe else 0,
+        expert_intermediate=s.intermediate,
+        shared_intermediate=s.intermediate,
+        gated_q=qwen,
+        shared_name="shared_expert" if qwen else "shared_experts",
+        fused_experts=s.fused_experts,
+    )
     return decoder_layer(p, dims, _random_fill(g))
 
 
@@ -170,18 +177,23 @@ def quant_configs(s: Spec) -> tuple[dict[str, Any], dict[str, Any]]:
     exclude = s.exclude if s.exclude is not None else nvidia_exclude(s)
     hf_quant = {
         "producer": {"name": "modelopt", "version": "0.37.0"},
-        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8",
-                         "group_size": 16, "exclude_modules": list(exclude)},
-    }  # fmt: skip
+        "quantization": {
+            "quant_algo": "NVFP4",
+            "kv_cache_quant_algo": "FP8",
+            "group_size": 16,
+            "exclude_modules": list(exclude),
+        },
+    }
     qc = {
         "quant_method": "modelopt",
         "quant_algo": "NVFP4",
         "kv_cache_scheme": {"num_bits": 8, "type": "float", "dynamic": False},
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-            "num_bits": 4, "type": "float", "group_size": 16}}},
+        "config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "group_size": 16}}
+        },
         "ignore": list(exclude),
         "producer": {"name": "modelopt", "version": "0.37.0"},
-    }  # fmt: skip
+    }
     return hf_quant, qc
 
 
@@ -198,25 +210,37 @@ def make_config(s: Spec) -> dict[str, Any]:
         "tie_word_embeddings": s.tie_word_embeddings,
     }
     if s.is_moe:
-        text.update(num_experts=s.experts, num_experts_per_tok=s.experts_per_tok,
-                    moe_intermediate_size=s.intermediate)  # fmt: skip
-    key = {"qwen3_next": "num_nextn_predict_layers", "deepseek_v3": "num_nextn_predict_layers",
-           "glm4_moe": "num_nextn_predict_layers", "mimo": "num_nextn_predict_layers"}.get(
-        s.family, "mtp_num_hidden_layers")  # fmt: skip
+        text.update(
+            num_experts=s.experts, num_experts_per_tok=s.experts_per_tok, moe_intermediate_size=s.intermediate
+        )
+    key = {
+        "qwen3_next": "num_nextn_predict_layers",
+        "deepseek_v3": "num_nextn_predict_layers",
+        "glm4_moe": "num_nextn_predict_layers",
+        "mimo": "num_nextn_predict_layers",
+    }.get(s.family, "mtp_num_hidden_layers")
     if s.declare_mtp:
         text[key] = s.mtp_layers
     if s.family == "qwen4exp":
         text["hc_count"] = 4
-    arch = {"qwen3_5": "Qwen3_5ForCausalLM", "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
-            "qwen3_next": "Qwen3NextForCausalLM", "qwen4exp": "Qwen4ExpForCausalLM",
-            "deepseek_v3": "DeepseekV3ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
-            "mimo": "MiMoForCausalLM"}[s.family]  # fmt: skip
+    arch = {
+        "qwen3_5": "Qwen3_5ForCausalLM",
+        "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
+        "qwen3_next": "Qwen3NextForCausalLM",
+        "qwen4exp": "Qwen4ExpForCausalLM",
+        "deepseek_v3": "DeepseekV3ForCausalLM",
+        "glm4_moe": "Glm4MoeForCausalLM",
+        "mimo": "MiMoForCausalLM",
+    }[s.family]
     model_type = s.family
     if s.vlm:
         text["model_type"] = f"{s.family}_text"
-        cfg: dict[str, Any] = {"architectures": [arch.replace("ForCausalLM", "ForConditionalGeneration")],
-                               "model_type": model_type, "text_config": text,
-                               "vision_config": {"depth": 1}}  # fmt: skip
+        cfg: dict[str, Any] = {
+            "architectures": [arch.replace("ForCausalLM", "ForConditionalGeneration")],
+            "model_type": model_type,
+            "text_config": text,
+            "vision_config": {"depth": 1},
+        }
     else:
         cfg = {"architectures": [arch], "model_type": model_type, **text}
     cfg["torch_dtype"] = "bfloat16"
@@ -260,8 +284,7 @@ def _is_drafter(name: str, drafter: set[str]) -> bool:
     return f"{mod}.weight" in drafter
 
 
-def _write_shards(directory: Path, stored: dict[str, torch.Tensor], drafter: set[str],
-                  shards: int) -> None:  # fmt: skip
+def _write_shards(directory: Path, stored: dict[str, torch.Tensor], drafter: set[str], shards: int) -> None:
     if shards <= 1:
         save_file(stored, str(directory / "model.safetensors"), metadata={"format": "pt"})
         return

@@ -64,9 +64,13 @@ class TinySpec:
 
 
 def _config(s: TinySpec) -> dict[str, object]:
-    arch, model_type = (("Qwen3NextForCausalLM", "qwen3_next") if s.next else
-                        ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text") if s.moe else
-                        ("Qwen3_5ForCausalLM", "qwen3_5_text"))  # fmt: skip
+    arch, model_type = (
+        ("Qwen3NextForCausalLM", "qwen3_next")
+        if s.next
+        else ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text")
+        if s.moe
+        else ("Qwen3_5ForCausalLM", "qwen3_5_text")
+    )
     cfg: dict[str, object] = {
         "architectures": [arch],
         "model_type": model_type,
@@ -82,18 +86,22 @@ def _config(s: TinySpec) -> dict[str, object]:
         "tie_word_embeddings": False,
         "attention_bias": False,
         # Text-only: no mrope_section (vLLM would feed 3-row positions to the drafter).
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                            "partial_rotary_factor": 0.25},  # fmt: skip
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
         "layer_types": ["full_attention"] * s.layers,
         "eos_token_id": s.vocab - 1,
         "dtype": "bfloat16",
     }
     cfg["num_nextn_predict_layers" if s.next else "mtp_num_hidden_layers"] = 1
     if s.moe:
-        cfg.update(num_experts=s.experts, num_experts_per_tok=s.experts_per_token,
-                   moe_intermediate_size=s.moe_intermediate,
-                   shared_expert_intermediate_size=s.shared_intermediate,
-                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])  # fmt: skip
+        cfg.update(
+            num_experts=s.experts,
+            num_experts_per_tok=s.experts_per_token,
+            moe_intermediate_size=s.moe_intermediate,
+            shared_expert_intermediate_size=s.shared_intermediate,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     else:
         cfg["intermediate_size"] = s.intermediate
     return cfg
@@ -104,8 +112,15 @@ def _small(g: torch.Generator, *shape: int, std: float = 0.02) -> torch.Tensor:
 
 
 # The std of each kind of tensor: the layer's contribution to the residual stream stays small.
-_PLANTED_STD = {"q_proj": 0.1, "k_proj": 0.1, "v_proj": 0.1, "gate_proj": 0.1, "up_proj": 0.1,
-                "gate": 0.5, "shared_expert_gate": 0.1}  # fmt: skip
+_PLANTED_STD = {
+    "q_proj": 0.1,
+    "k_proj": 0.1,
+    "v_proj": 0.1,
+    "gate_proj": 0.1,
+    "up_proj": 0.1,
+    "gate": 0.5,
+    "shared_expert_gate": 0.1,
+}
 _ZERO = frozenset({"input_layernorm", "post_attention_layernorm", "q_norm", "k_norm"})
 
 
@@ -117,10 +132,16 @@ def _layer(p: str, s: TinySpec, g: torch.Generator) -> dict[str, torch.Tensor]:
             return torch.zeros(*shape)
         return _small(g, *shape, std=_PLANTED_STD.get(leaf, 0.02))
 
-    dims = LayerDims(hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
-                     intermediate=s.intermediate, experts=s.experts if s.moe else 0,
-                     expert_intermediate=s.moe_intermediate,
-                     shared_intermediate=s.shared_intermediate)  # fmt: skip
+    dims = LayerDims(
+        hidden=s.hidden,
+        heads=s.heads,
+        kv_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        intermediate=s.intermediate,
+        experts=s.experts if s.moe else 0,
+        expert_intermediate=s.moe_intermediate,
+        shared_intermediate=s.shared_intermediate,
+    )
     return decoder_layer(p, dims, fill)
 
 
@@ -128,8 +149,9 @@ def _layer(p: str, s: TinySpec, g: torch.Generator) -> dict[str, torch.Tensor]:
 NOISE_SEED_OFFSET = 1_000_003
 
 
-def build_tensors(s: TinySpec, *, kind: str = "planted", swap_fc: bool = False,
-                  seed: int = 0, drafter_noise: float = 0.0) -> dict[str, torch.Tensor]:  # fmt: skip
+def build_tensors(
+    s: TinySpec, *, kind: str = "planted", swap_fc: bool = False, seed: int = 0, drafter_noise: float = 0.0
+) -> dict[str, torch.Tensor]:
     """All tensors of the checkpoint (bf16), target and drafter.
 
     ``drafter_noise`` > 0 adds seeded N(0, drafter_noise^2) to the embedding half
@@ -146,8 +168,11 @@ def build_tensors(s: TinySpec, *, kind: str = "planted", swap_fc: bool = False,
     nxt = (torch.arange(v) + 1) % v if kind == "planted" else torch.randperm(v, generator=g)
     lm_head = torch.empty(v, h)
     lm_head[nxt] = 4.0 * unit  # logit of next(t) ~ 4 * sqrt(H); any other ~ 4 * N(0, 1)
-    t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": embed, "lm_head.weight": lm_head,
-                                  "model.norm.weight": torch.zeros(h)}  # fmt: skip
+    t: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": embed,
+        "lm_head.weight": lm_head,
+        "model.norm.weight": torch.zeros(h),
+    }
     for i in range(s.layers):
         t |= _layer(f"model.layers.{i}.", s, g)
     if kind == "planted":
@@ -158,8 +183,12 @@ def build_tensors(s: TinySpec, *, kind: str = "planted", swap_fc: bool = False,
             fc[:, :h] += torch.randn(h, h, generator=gn) * drafter_noise
     else:
         fc = _small(g, h, 2 * h, std=0.1)
-    t |= {"mtp.fc.weight": fc, "mtp.pre_fc_norm_embedding.weight": torch.zeros(h),
-          "mtp.pre_fc_norm_hidden.weight": torch.zeros(h), "mtp.norm.weight": torch.zeros(h)}  # fmt: skip
+    t |= {
+        "mtp.fc.weight": fc,
+        "mtp.pre_fc_norm_embedding.weight": torch.zeros(h),
+        "mtp.pre_fc_norm_hidden.weight": torch.zeros(h),
+        "mtp.norm.weight": torch.zeros(h),
+    }
     t |= _layer("mtp.layers.0.", s, g)
     return {k: x.to(torch.bfloat16).contiguous() for k, x in t.items()}
 
@@ -187,19 +216,40 @@ def write_tokenizer(directory: Path, vocab_size: int) -> None:
     if tok.get_vocab_size() != vocab_size:
         raise ValueError(f"tokenizer has {tok.get_vocab_size()} ids, wanted {vocab_size}")
     tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": EOS,
-         "model_max_length": 1024, "clean_up_tokenization_spaces": False}, indent=2) + "\n")  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": EOS,
+                "pad_token": EOS,
+                "model_max_length": 1024,
+                "clean_up_tokenization_spaces": False,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
-def build_model(dst: str | Path, *, kind: str = "planted", moe: bool = False, next: bool = False,
-                swap_fc: bool = False, seed: int = 0, drafter_noise: float = 0.0) -> Path:  # fmt: skip
+def build_model(
+    dst: str | Path,
+    *,
+    kind: str = "planted",
+    moe: bool = False,
+    next: bool = False,
+    swap_fc: bool = False,
+    seed: int = 0,
+    drafter_noise: float = 0.0,
+) -> Path:
     """Write the tiny checkpoint directory ``dst`` and return it."""
     out = Path(dst)
     out.mkdir(parents=True, exist_ok=True)
     spec = TinySpec(moe=moe or next, next=next)
-    save_file(build_tensors(spec, kind=kind, swap_fc=swap_fc, seed=seed, drafter_noise=drafter_noise),
-              str(out / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    save_file(
+        build_tensors(spec, kind=kind, swap_fc=swap_fc, seed=seed, drafter_noise=drafter_noise),
+        str(out / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     (out / "config.json").write_text(json.dumps(_config(spec), indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": spec.vocab - 1}) + "\n")
     write_tokenizer(out, spec.vocab)

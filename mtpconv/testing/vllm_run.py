@@ -85,18 +85,29 @@ def describe_drafter(worker: Any) -> dict[str, Any]:
 
 
 @contextmanager
-def serve(model: Path, *, spec: bool = True, spec_extra: dict[str, Any] | None = None,
-          **kwargs: Any) -> Iterator[Any]:  # fmt: skip
+def serve(
+    model: Path, *, spec: bool = True, spec_extra: dict[str, Any] | None = None, **kwargs: Any
+) -> Iterator[Any]:
     """A vLLM ``LLM`` on CPU in this process; shut down on exit."""
     from vllm import LLM
 
-    args: dict[str, Any] = dict(model=str(model), dtype="bfloat16", enforce_eager=True,
-                                distributed_executor_backend="uni", max_model_len=256,
-                                max_num_seqs=8, seed=0, disable_log_stats=False,
-                                enable_prefix_caching=False)  # fmt: skip
+    args: dict[str, Any] = dict(
+        model=str(model),
+        dtype="bfloat16",
+        enforce_eager=True,
+        distributed_executor_backend="uni",
+        max_model_len=256,
+        max_num_seqs=8,
+        seed=0,
+        disable_log_stats=False,
+        enable_prefix_caching=False,
+    )
     if spec:
-        args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": NUM_SPEC_TOKENS,
-                                      **(spec_extra or {})}  # fmt: skip
+        args["speculative_config"] = {
+            "method": "mtp",
+            "num_speculative_tokens": NUM_SPEC_TOKENS,
+            **(spec_extra or {}),
+        }
     args.update(kwargs)
     llm = LLM(**args)
     try:
@@ -116,9 +127,16 @@ def generate(llm: Any, prompts: list[list[int]] = PROMPTS, max_tokens: int = MAX
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def run(model: Path, *, spec: bool = True, env: dict[str, str] | None = None,
-        probe: Any = None, spec_extra: dict[str, Any] | None = None,
-        prompts: list[list[int]] = PROMPTS, max_tokens: int = MAX_TOKENS) -> Run:  # fmt: skip
+def run(
+    model: Path,
+    *,
+    spec: bool = True,
+    env: dict[str, str] | None = None,
+    probe: Any = None,
+    spec_extra: dict[str, Any] | None = None,
+    prompts: list[list[int]] = PROMPTS,
+    max_tokens: int = MAX_TOKENS,
+) -> Run:
     """Serve ``model``, generate ``prompts`` (default :data:`PROMPTS`) greedily, report and shut down.
 
     ``probe(worker)`` runs on vLLM's worker (same process) while the model is up;

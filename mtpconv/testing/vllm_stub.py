@@ -20,8 +20,12 @@ from pathlib import Path
 
 SITE_DIR = Path(__file__).with_name("vllm_site")
 # Read at import time by vLLM / huggingface_hub: fast, deterministic, offline, one process.
-CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+CPU_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 def apply() -> None:
@@ -38,6 +42,5 @@ def use_in_this_environment() -> None:
     """Set :data:`CPU_ENV` (where unset), put the stub site on PYTHONPATH, apply the stub here."""
     for key, value in CPU_ENV.items():
         os.environ.setdefault(key, value)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(SITE_DIR), os.environ.get("PYTHONPATH")) if p)  # fmt: skip
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE_DIR), os.environ.get("PYTHONPATH")) if p)
     apply()

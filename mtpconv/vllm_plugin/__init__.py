@@ -53,4 +53,5 @@ def register() -> None:
     _registered = True
     # Under the "vllm." namespace so that vLLM's own log configuration shows it.
     init_logger("vllm.plugins.mtpconv").info(
-        "mtpconv: vLLM MTP drafters %s now served by mtpconv.vllm_plugin", ", ".join(DRAFTER_CLASSES))
+        "mtpconv: vLLM MTP drafters %s now served by mtpconv.vllm_plugin", ", ".join(DRAFTER_CLASSES)
+    )

@@ -104,19 +104,21 @@ class MtpconvDrafterMixin:
         if head is not None:
             k = int(head.ids.numel())
             draft_head = ParallelLMHead(
-                k, int(self.config.hidden_size),
+                k,
+                int(self.config.hidden_size),
                 quant_config=DraftHeadQuantConfig() if head.dtype == "fp8" else None,
                 prefix=maybe_prefix(maybe_prefix(prefix, "mtp"), DRAFT_HEAD_ATTR),
-            )  # fmt: skip
+            )
             self.model.add_module(DRAFT_HEAD_ATTR, draft_head)
             ids = head.ids.to(cast(torch.Tensor, draft_head.weight).device)
             self.model.register_buffer("draft_vocab_ids", ids, persistent=False)
             self.draft_logits_processor = LogitsProcessor(k)
         logger.info(
             "mtpconv: drafter of %s with %d FP8 linears, draft head %s",
-            settings.model_dir, len(settings.fp8_modules),
+            settings.model_dir,
+            len(settings.fp8_modules),
             "off" if head is None else f"{head.ids.numel()} rows {head.dtype}",
-        )  # fmt: skip
+        )
 
     def forward(
         self,
@@ -131,14 +133,14 @@ class MtpconvDrafterMixin:
         del intermediate_tensors, kwargs  # vLLM's classes ignore the step index too
         return stage_local_forward(self.model, input_ids, positions, hidden_states, inputs_embeds)
 
-    def compute_logits(self, hidden_states: torch.Tensor,
-                       spec_step_idx: int = 0) -> torch.Tensor | None:  # fmt: skip
+    def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor | None:
         """Full-vocabulary logits; ``-inf`` outside the draft ids when the head is truncated."""
         if self.draft_logits_processor is None:
             out = super().compute_logits(hidden_states, spec_step_idx)  # type: ignore[misc]
             return cast("torch.Tensor | None", out)
         sub: torch.Tensor | None = self.draft_logits_processor(
-            getattr(self.model, DRAFT_HEAD_ATTR), hidden_states)
+            getattr(self.model, DRAFT_HEAD_ATTR), hidden_states
+        )
         if sub is None:
             return None
         full = sub.new_full((sub.shape[0], int(self.config.vocab_size)), float("-inf"))
@@ -156,7 +158,8 @@ class MtpconvDrafterMixin:
             assert logits is not None
             return logits.argmax(dim=-1)
         local = self.draft_logits_processor.get_top_tokens(
-            getattr(self.model, DRAFT_HEAD_ATTR), hidden_states)
+            getattr(self.model, DRAFT_HEAD_ATTR), hidden_states
+        )
         ids: torch.Tensor = self.model.draft_vocab_ids
         return ids[local]
 

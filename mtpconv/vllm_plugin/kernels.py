@@ -69,8 +69,7 @@ class PreparedFp8:
 
     def __init__(self, weight: torch.Tensor, row_scale: torch.Tensor, kernel: str | None = None):
         if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2:
-            raise TypeError(f"expected a 2-D float8_e4m3fn weight, got {weight.dtype} "
-                            f"{tuple(weight.shape)}")  # fmt: skip
+            raise TypeError(f"expected a 2-D float8_e4m3fn weight, got {weight.dtype} {tuple(weight.shape)}")
         self.kernel = kernel or choose_kernel(weight)
         self.n, self.k = weight.shape
         self.row_scale = row_scale.to(device=weight.device, dtype=torch.float32).contiguous()
@@ -94,8 +93,9 @@ class PreparedFp8:
         x2 = x.reshape(-1, self.k)
         y: torch.Tensor
         if self.kernel == CPU_VNNI and x.dtype == torch.bfloat16:
-            y = torch.ops._C.fp8_scaled_mm_cpu(x2, self.weight, self.block_scale,
-                                               [self.block_n, _CPU_BLOCK_K], None, x.dtype, True)  # fmt: skip
+            y = torch.ops._C.fp8_scaled_mm_cpu(
+                x2, self.weight, self.block_scale, [self.block_n, _CPU_BLOCK_K], None, x.dtype, True
+            )
             if not self.uniform:
                 y = (y.to(torch.float32) * self.row_scale).to(x.dtype)
         elif self.kernel == CUDA:
@@ -107,15 +107,15 @@ class PreparedFp8:
             w = self.weight if self.kernel != CPU_VNNI else None
             if w is None:  # packed for the CPU kernel but called with a non-BF16 input
                 raise TypeError(f"the CPU FP8 kernel needs bfloat16 activations, got {x.dtype}")
-            y = (torch.nn.functional.linear(x2, w.to(x.dtype)).to(torch.float32)
-                 * self.row_scale).to(x.dtype)  # fmt: skip
+            y = (torch.nn.functional.linear(x2, w.to(x.dtype)).to(torch.float32) * self.row_scale).to(x.dtype)
         if bias is not None:
             y = y + bias
         return y.reshape(*lead, self.n)
 
 
-def _cuda_fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
-                     bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+def _cuda_fp8_linear(
+    x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """``scale`` is 0-d (one per tensor) or ``[N]`` (one per output row)."""
     try:
         from mtpconv.kernels import fp8_linear_op

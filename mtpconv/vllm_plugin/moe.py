@@ -39,8 +39,9 @@ def fp8_experts_method(layer: Any, prefix: str) -> QuantizeMethodBase:
     if current_platform.is_cuda_alike():
         from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 
-        method = Fp8Config(is_checkpoint_fp8_serialized=True,
-                           activation_scheme="dynamic").get_quant_method(layer, prefix)  # fmt: skip
+        method = Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="dynamic").get_quant_method(
+            layer, prefix
+        )
         assert method is not None
         return method
     return Fp8ExpertsLoopMethod(layer.moe_config)
@@ -49,24 +50,32 @@ def fp8_experts_method(layer: Any, prefix: str) -> QuantizeMethodBase:
 class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
     """FP8 routed experts (per-expert, per-projection scales), one expert at a time."""
 
-    def create_weights(self, layer: Any, num_experts: int, hidden_size: int,
-                       intermediate_size_per_partition: int, params_dtype: torch.dtype,
-                       **extra_weight_attrs: Any) -> None:  # fmt: skip
+    def create_weights(
+        self,
+        layer: Any,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size_per_partition: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
         from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
 
         inter = intermediate_size_per_partition
-        w13 = torch.nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size,
-                                             dtype=torch.float8_e4m3fn), requires_grad=False)  # fmt: skip
-        w2 = torch.nn.Parameter(torch.empty(num_experts, hidden_size, inter,
-                                            dtype=torch.float8_e4m3fn), requires_grad=False)  # fmt: skip
+        w13 = torch.nn.Parameter(
+            torch.empty(num_experts, 2 * inter, hidden_size, dtype=torch.float8_e4m3fn), requires_grad=False
+        )
+        w2 = torch.nn.Parameter(
+            torch.empty(num_experts, hidden_size, inter, dtype=torch.float8_e4m3fn), requires_grad=False
+        )
         for name, p in (("w13_weight", w13), ("w2_weight", w2)):
             layer.register_parameter(name, p)
             set_weight_attrs(p, extra_weight_attrs)
         # One scale per expert for gate (w1) and up (w3), one for down (w2).
-        s13 = torch.nn.Parameter(torch.full((num_experts, 2), _UNSET, dtype=torch.float32),
-                                 requires_grad=False)  # fmt: skip
-        s2 = torch.nn.Parameter(torch.full((num_experts,), _UNSET, dtype=torch.float32),
-                                requires_grad=False)  # fmt: skip
+        s13 = torch.nn.Parameter(
+            torch.full((num_experts, 2), _UNSET, dtype=torch.float32), requires_grad=False
+        )
+        s2 = torch.nn.Parameter(torch.full((num_experts,), _UNSET, dtype=torch.float32), requires_grad=False)
         for name, p in (("w13_weight_scale", s13), ("w2_weight_scale", s2)):
             layer.register_parameter(name, p)
             set_weight_attrs(p, extra_weight_attrs)
@@ -78,9 +87,11 @@ class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
     def process_weights_after_loading(self, layer: Any) -> None:
         s13, s2 = layer.w13_weight_scale.data, layer.w2_weight_scale.data
         if bool((s13 == _UNSET).any()) or bool((s2 == _UNSET).any()):
-            raise ManifestError(f"{getattr(layer, 'layer_name', 'experts')}: mtpconv.json lists the "
-                                "experts as FP8 but some have no weight_scale; re-run "
-                                "`mtpconv quantize-mtp`.")  # fmt: skip
+            raise ManifestError(
+                f"{getattr(layer, 'layer_name', 'experts')}: mtpconv.json lists the "
+                "experts as FP8 but some have no weight_scale; re-run "
+                "`mtpconv quantize-mtp`."
+            )
         inter = layer.w2_weight.shape[-1]
         hidden = layer.w2_weight.shape[1]
         self.gate_up: list[PreparedFp8] = []
@@ -96,9 +107,15 @@ class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
                 p.weight = stacked[e]
             setattr(layer, name, torch.nn.Parameter(stacked, requires_grad=False))
 
-    def apply(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, shared_experts: Any,
-              shared_experts_input: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    def apply(
+        self,
+        layer: Any,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        shared_experts: Any,
+        shared_experts_input: torch.Tensor | None,
+    ) -> torch.Tensor:
         # Without a modular kernel vLLM's runner adds the shared experts itself.
         del shared_experts, shared_experts_input
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)

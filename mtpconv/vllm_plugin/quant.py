@@ -53,8 +53,10 @@ def _mark_weight_loader_v2(cls: type) -> type:
 def _check_scales_loaded(layer: Any, scale: torch.Tensor) -> None:
     if bool((scale == _UNSET).any()):
         prefix = getattr(layer, "prefix", type(layer).__name__)
-        raise ManifestError(f"{prefix}: mtpconv.json lists it as FP8 but the checkpoint has no "
-                            "weight_scale for it; re-run `mtpconv quantize-mtp`.")  # fmt: skip
+        raise ManifestError(
+            f"{prefix}: mtpconv.json lists it as FP8 but the checkpoint has no "
+            "weight_scale for it; re-run `mtpconv quantize-mtp`."
+        )
 
 
 def _kernel_of(layer: Any) -> PreparedFp8:
@@ -80,10 +82,13 @@ class Fp8DrafterLinearMethod(LinearMethodBase):
         layer.logical_widths = list(output_partition_sizes)
         layer.orig_dtype = params_dtype
         weight = ModelWeightParameter(
-            data=torch.empty(sum(output_partition_sizes), input_size_per_partition,
-                             dtype=torch.float8_e4m3fn),  # fmt: skip
-            input_dim=1, output_dim=0, weight_loader=loader,
-        )  # fmt: skip
+            data=torch.empty(
+                sum(output_partition_sizes), input_size_per_partition, dtype=torch.float8_e4m3fn
+            ),
+            input_dim=1,
+            output_dim=0,
+            weight_loader=loader,
+        )
         layer.register_parameter("weight", weight)
         scale = PerTensorScaleParameter(
             data=torch.full((len(output_partition_sizes),), _UNSET, dtype=torch.float32),
@@ -100,8 +105,7 @@ class Fp8DrafterLinearMethod(LinearMethodBase):
         # The layer keeps exactly one copy of the FP8 weight: the kernel's layout.
         layer.weight = torch.nn.Parameter(prepared.weight, requires_grad=False)
 
-    def apply(self, layer: Any, x: torch.Tensor,
-              bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return _kernel_of(layer).apply(x, bias)
 
 
@@ -119,16 +123,14 @@ class Fp8DraftHeadMethod(QuantizeMethodBase):
         **extra_weight_attrs: Any,
     ) -> None:
         weight = torch.nn.Parameter(
-            torch.zeros(sum(output_partition_sizes), input_size_per_partition,
-                        dtype=torch.float8_e4m3fn),  # fmt: skip
+            torch.zeros(sum(output_partition_sizes), input_size_per_partition, dtype=torch.float8_e4m3fn),
             requires_grad=False,
         )
         set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0})
         set_weight_attrs(weight, extra_weight_attrs)
         layer.register_parameter("weight", weight)
         # No output_dim: vLLM's vocab loader copies it whole onto every rank.
-        scale = torch.nn.Parameter(torch.full((1,), _UNSET, dtype=torch.float32),
-                                   requires_grad=False)  # fmt: skip
+        scale = torch.nn.Parameter(torch.full((1,), _UNSET, dtype=torch.float32), requires_grad=False)
         set_weight_attrs(scale, extra_weight_attrs)
         layer.register_parameter("weight_scale", scale)
 
@@ -140,8 +142,7 @@ class Fp8DraftHeadMethod(QuantizeMethodBase):
         setattr(layer, "mtpconv_fp8", prepared)  # noqa: B010  (not a Module attribute)
         layer.weight = torch.nn.Parameter(prepared.weight, requires_grad=False)
 
-    def apply(self, layer: Any, x: torch.Tensor,
-              bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return _kernel_of(layer).apply(x, bias)
 
 
@@ -157,7 +158,7 @@ def checkpoint_names(prefix: str, packed: dict[str, list[str]]) -> list[str]:
         at = prefix.find(".mtp.")
         if at < 0:
             return []
-        name = prefix[at + 1:]
+        name = prefix[at + 1 :]
     head, _, last = name.rpartition(".")
     if last in packed:
         return [f"{head}.{part}" for part in packed[last]]
@@ -167,8 +168,12 @@ def checkpoint_names(prefix: str, packed: dict[str, list[str]]) -> list[str]:
 class DrafterQuantConfig(QuantizationConfig):
     """FP8 for the manifest's drafter linears; the target's config for the rest."""
 
-    def __init__(self, base: QuantizationConfig | None, fp8_modules: frozenset[str],
-                 packed_modules_mapping: dict[str, list[str]]):  # fmt: skip
+    def __init__(
+        self,
+        base: QuantizationConfig | None,
+        fp8_modules: frozenset[str],
+        packed_modules_mapping: dict[str, list[str]],
+    ):
         super().__init__()
         self.base = base
         self.fp8_modules = fp8_modules
@@ -199,8 +204,10 @@ class DrafterQuantConfig(QuantizationConfig):
             if names and all(listed):
                 return Fp8DrafterLinearMethod()
             if any(listed):
-                raise ManifestError(f"{prefix}: mtpconv.json lists only some of {names} as FP8; "
-                                    "a fused module needs all its parts in one format.")  # fmt: skip
+                raise ManifestError(
+                    f"{prefix}: mtpconv.json lists only some of {names} as FP8; "
+                    "a fused module needs all its parts in one format."
+                )
             if self.base is None:
                 return UnquantizedLinearMethod()
         experts = _fp8_experts_method(self, layer, prefix)
@@ -211,8 +218,7 @@ class DrafterQuantConfig(QuantizationConfig):
         return self.base.get_quant_method(layer, prefix)
 
 
-def _fp8_experts_method(cfg: DrafterQuantConfig, layer: Any,
-                        prefix: str) -> QuantizeMethodBase | None:  # fmt: skip
+def _fp8_experts_method(cfg: DrafterQuantConfig, layer: Any, prefix: str) -> QuantizeMethodBase | None:
     """The FP8 method for routed experts listed in the manifest, or None."""
     from mtpconv.vllm_plugin import moe
 

@@ -87,12 +87,16 @@ def load_draft_ids(path: Path, expected_sha256: str, vocab_size: int) -> torch.T
     """The draft vocabulary ids: sha256 checked against the manifest, then the one
     ids-file validator (:func:`~mtpconv.formats.draft_ids.load_draft_vocab_ids`)."""
     if not path.is_file():
-        raise ManifestError(f"{path} is listed in {MANIFEST_NAME} but missing; "
-                            "re-run `mtpconv quantize-mtp` or copy the whole variant.")  # fmt: skip
+        raise ManifestError(
+            f"{path} is listed in {MANIFEST_NAME} but missing; "
+            "re-run `mtpconv quantize-mtp` or copy the whole variant."
+        )
     digest = sha256_file(path)
     if digest != expected_sha256:
-        raise ManifestError(f"{path} has sha256 {digest}, but {MANIFEST_NAME} records "
-                            f"{expected_sha256}; the variant was modified after conversion.")  # fmt: skip
+        raise ManifestError(
+            f"{path} has sha256 {digest}, but {MANIFEST_NAME} records "
+            f"{expected_sha256}; the variant was modified after conversion."
+        )
     try:
         return load_draft_vocab_ids(path, vocab_size)
     except DraftVocabError as exc:  # the plugin reports every variant fault as a manifest fault
@@ -122,8 +126,9 @@ def drafter_settings(model: str, revision: str | None, vocab_size: int) -> Draft
     dv = manifest.draft_vocab
     if dv is not None and draft_vocab_enabled():
         if dv.head_dtype not in ("fp8", "bf16"):
-            raise ManifestError(f"{model_dir / MANIFEST_NAME}: draft head dtype "
-                                f"{dv.head_dtype!r} is not fp8 or bf16.")  # fmt: skip
+            raise ManifestError(
+                f"{model_dir / MANIFEST_NAME}: draft head dtype {dv.head_dtype!r} is not fp8 or bf16."
+            )
         ids_path = _ensure_file(model_dir, model, dv.file, revision)
         ids = load_draft_ids(ids_path, dv.sha256, vocab_size)
         if ids.numel() != dv.size:

@@ -25,7 +25,10 @@ def _index(tmp_path: Path, doc: object) -> None:
 
 
 def test_index_ok(tmp_path: Path) -> None:
-    _index(_sharded(tmp_path), {"metadata": {"total_size": 16}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})
+    _index(
+        _sharded(tmp_path),
+        {"metadata": {"total_size": 16}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}},
+    )
     files = load_checkpoint_files(tmp_path)
     assert files.weight_map == {"a": "s1.safetensors", "b": "s2.safetensors"}
     assert files.total_tensor_bytes == 16

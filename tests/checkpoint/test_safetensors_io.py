@@ -36,8 +36,15 @@ def test_header_matches_safetensors(tmp_path: Path) -> None:
     [
         ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"", None, "outside the data region"),
         ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, None, "needs 12"),
-        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-          "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, b"\0" * 12, None, "overlap"),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+            },
+            b"\0" * 12,
+            None,
+            "overlap",
+        ),
         ({"a": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 1]}}, b"\0", None, "unsupported dtype"),
         ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}, b"", None, "invalid shape"),
         ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0]}}, b"\0" * 4, None, "data_offsets"),
@@ -45,9 +52,8 @@ def test_header_matches_safetensors(tmp_path: Path) -> None:
         ({"a": 1}, b"", None, "not an object"),
         ({}, b"", 10**12, "declares a"),
     ],
-)  # fmt: skip
-def test_bad_headers(tmp_path: Path, header: object, data: bytes, declared: int | None,
-                     message: str) -> None:  # fmt: skip
+)
+def test_bad_headers(tmp_path: Path, header: object, data: bytes, declared: int | None, message: str) -> None:
     path = _raw(tmp_path / "bad.safetensors", header, data, declared)
     with pytest.raises(CheckpointFormatError, match=message) as exc:
         read_header(path)

@@ -14,12 +14,22 @@ from mtpconv.commands.publish import PublishPlan, PublishResult, UploadItem
 
 
 def _plan(card: str | None = "---\nlicense: other\n---\n# Card\n") -> PublishPlan:
-    items = [UploadItem("config.json", 512, Path("/v/config.json")),
-             UploadItem("model.safetensors", 3 * 1024 * 1024, Path("/v/model.safetensors"))]  # fmt: skip
+    items = [
+        UploadItem("config.json", 512, Path("/v/config.json")),
+        UploadItem("model.safetensors", 3 * 1024 * 1024, Path("/v/model.safetensors")),
+    ]
     if card is not None:
         items.append(UploadItem("README.md", len(card), None))
-    return PublishPlan(Path("/v"), "me/x-mtpfp8", items, card, private=False, revision="dev",
-                       create_pr=True, commit_message="Upload")  # fmt: skip
+    return PublishPlan(
+        Path("/v"),
+        "me/x-mtpfp8",
+        items,
+        card,
+        private=False,
+        revision="dev",
+        create_pr=True,
+        commit_message="Upload",
+    )
 
 
 def test_publish_plan_listing(capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,8 +55,11 @@ def test_publish_plan_with_kept_card_shows_no_card(capsys: pytest.CaptureFixture
 
 
 def test_publish_result_prints_the_most_specific_url(capsys: pytest.CaptureFixture[str]) -> None:
-    render.render_publish_result(PublishResult(_plan(), dry_run=False, repo_url="https://hf.co/me/x",
-                                               pr_url="https://hf.co/me/x/discussions/1"))  # fmt: skip
+    render.render_publish_result(
+        PublishResult(
+            _plan(), dry_run=False, repo_url="https://hf.co/me/x", pr_url="https://hf.co/me/x/discussions/1"
+        )
+    )
     out, err = capsys.readouterr()
     assert out == "https://hf.co/me/x/discussions/1\n"
     assert err == "Published me/x-mtpfp8.\n"
@@ -68,8 +81,15 @@ def test_json_is_one_document(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_start_up_imports_no_command_module() -> None:
     """``mtpconv --help`` stays fast: the command modules (torch, huggingface_hub) load lazily."""
-    heavy = ["torch", "huggingface_hub", "mtpconv.commands.quantize_mtp", "mtpconv.commands.inspect", "mtpconv.commands.publish",
-             "mtpconv.commands.build_draft_vocab", "mtpconv.commands.fix_exclusions"]  # fmt: skip
+    heavy = [
+        "torch",
+        "huggingface_hub",
+        "mtpconv.commands.quantize_mtp",
+        "mtpconv.commands.inspect",
+        "mtpconv.commands.publish",
+        "mtpconv.commands.build_draft_vocab",
+        "mtpconv.commands.fix_exclusions",
+    ]
     code = f"import sys, mtpconv.cli; print([m for m in {heavy!r} if m in sys.modules])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

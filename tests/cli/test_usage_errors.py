@@ -40,9 +40,13 @@ def library_never_called(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_wrong_choice_is_a_usage_error(
-    flag: str, value: str, names: list[str], bf16_next: Path, tmp_path: Path,
+    flag: str,
+    value: str,
+    names: list[str],
+    bf16_next: Path,
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     digest = tree_digest(bf16_next)
     code, out, err = run_cli(["quantize-mtp", str(bf16_next), str(tmp_path / "v"), flag, value], capsys)
     assert code == 2 and out == ""
@@ -85,10 +89,20 @@ def test_usage_errors_are_one_line(
 def test_console_script_usage_error_is_one_line(bf16_next: Path, tmp_path: Path) -> None:
     """The real entry point (``python -m mtpconv``), not only the in-process one."""
     done = subprocess.run(
-        [sys.executable, "-m", "mtpconv", "quantize-mtp", str(bf16_next), str(tmp_path / "v"),
-         "--device", "gpu"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mtpconv",
+            "quantize-mtp",
+            str(bf16_next),
+            str(tmp_path / "v"),
+            "--device",
+            "gpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert "'--device'" in _one_error_line(done.stderr)
     assert list(tmp_path.iterdir()) == []
@@ -106,8 +120,10 @@ def test_quiet_before_or_after_the_command(
 
 
 def test_quiet_silences_notices(bf16_next: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(["quantize-mtp", str(bf16_next), str(tmp_path / "v"), "--device", "cpu",
-                              "--dry-run", "--json", "-q"], capsys)  # fmt: skip
+    code, out, err = run_cli(
+        ["quantize-mtp", str(bf16_next), str(tmp_path / "v"), "--device", "cpu", "--dry-run", "--json", "-q"],
+        capsys,
+    )
     assert (code, err) == (0, "")
     assert '"plan"' in out
 

@@ -15,9 +15,14 @@ from mtpconv.testing.checkpoints import FAMILIES, Spec, write_checkpoint
 from tests.helpers import run_cli
 
 EXPECTED_DRAFTER_START = {
-    "qwen3_5": "mtp.", "qwen3_5_moe": "mtp.", "qwen3_next": "mtp.", "qwen4exp": "mtp.",
-    "deepseek_v3": "model.layers.2.", "glm4_moe": "model.layers.2.", "mimo": "model.mtp_layers.",
-}  # fmt: skip
+    "qwen3_5": "mtp.",
+    "qwen3_5_moe": "mtp.",
+    "qwen3_next": "mtp.",
+    "qwen4exp": "mtp.",
+    "deepseek_v3": "model.layers.2.",
+    "glm4_moe": "model.layers.2.",
+    "mimo": "model.mtp_layers.",
+}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -52,8 +57,9 @@ def test_every_layout(tmp_path: Path, family: str, quant: str, capsys: pytest.Ca
 
 
 def test_nvfp4_drafter_formats(tmp_path: Path) -> None:
-    write_checkpoint(tmp_path, Spec(family="qwen3_next", quant="nvfp4", drafter_quant="nvfp4",
-                                    exclude=["lm_head"]))  # fmt: skip
+    write_checkpoint(
+        tmp_path, Spec(family="qwen3_next", quant="nvfp4", drafter_quant="nvfp4", exclude=["lm_head"])
+    )
     r = inspect_checkpoint(str(tmp_path))
     rows = {row.name: row for row in r.drafter}
     assert rows["mtp.fc.weight"].format == "nvfp4" and rows["mtp.fc.weight"].declared == "NVFP4"
@@ -71,8 +77,9 @@ def test_declared_but_missing_and_undeclared(tmp_path: Path) -> None:
 
 
 def test_quantized_but_excluded(tmp_path: Path) -> None:
-    write_checkpoint(tmp_path, Spec(family="qwen3_5", quant="nvfp4",
-                                    exclude=["lm_head", "model.layers.0*", "mtp*"]))  # fmt: skip
+    write_checkpoint(
+        tmp_path, Spec(family="qwen3_5", quant="nvfp4", exclude=["lm_head", "model.layers.0*", "mtp*"])
+    )
     r = inspect_checkpoint(str(tmp_path))
     bad = [f for f in r.findings if f.code == "quantized-declared-plain"]
     assert bad and all(f.module.startswith("model.layers.0.") for f in bad)
@@ -82,8 +89,15 @@ def test_inspect_reads_headers_only(tmp_path: Path) -> None:
     """A 64 GiB tensor whose data is a hole in a sparse file inspects instantly."""
     write_checkpoint(tmp_path, Spec(family="qwen3_5"))
     big = 64 << 30
-    header = json.dumps({"model.layers.9.mlp.huge.weight": {
-        "dtype": "BF16", "shape": [big // 2 // 65536, 65536], "data_offsets": [0, big]}}).encode()
+    header = json.dumps(
+        {
+            "model.layers.9.mlp.huge.weight": {
+                "dtype": "BF16",
+                "shape": [big // 2 // 65536, 65536],
+                "data_offsets": [0, big],
+            }
+        }
+    ).encode()
     path = tmp_path / "model-huge.safetensors"
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(header)) + header)

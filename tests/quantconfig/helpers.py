@@ -21,8 +21,9 @@ from tests.quantconfig.samples import (
 # --------------------------------------------------------------------------- helpers
 
 
-def nvfp4_gap(*, vlm: bool = True, mtp_prefix: str = "", router_gates: bool = True) -> tuple[
-        QuantConfigs, list[str], list[str], dict[str, str]]:  # fmt: skip
+def nvfp4_gap(
+    *, vlm: bool = True, mtp_prefix: str = "", router_gates: bool = True
+) -> tuple[QuantConfigs, list[str], list[str], dict[str, str]]:
     """NVIDIA-shaped NVFP4 Qwen3.5-MoE configs with the mtp.fc gap, plus its modules."""
     prefix = VLM if vlm else "model."
     exclude = nvidia_qwen35_exclude(prefix, router_gates=router_gates, vision=vlm)
@@ -62,16 +63,20 @@ def without(doc: dict[str, Any], *paths: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def assert_only_exclusions_changed(before: QuantConfigs, hq: dict[str, Any] | None,
-                                   cfg: dict[str, Any]) -> None:  # fmt: skip
+def assert_only_exclusions_changed(
+    before: QuantConfigs, hq: dict[str, Any] | None, cfg: dict[str, Any]
+) -> None:
     """Every key and value outside the two exclusion lists is unchanged, in order."""
     assert before.hf_quant is not None and hq is not None
     assert key_paths(without(hq, ("quantization", "exclude_modules"))) == key_paths(
-        without(before.hf_quant, ("quantization", "exclude_modules")))  # fmt: skip
+        without(before.hf_quant, ("quantization", "exclude_modules"))
+    )
     assert without(hq, ("quantization", "exclude_modules")) == without(
-        before.hf_quant, ("quantization", "exclude_modules"))  # fmt: skip
+        before.hf_quant, ("quantization", "exclude_modules")
+    )
     assert list(hq) == list(before.hf_quant) and list(hq["quantization"]) == list(
-        before.hf_quant["quantization"])  # fmt: skip
+        before.hf_quant["quantization"]
+    )
     path = ("quantization_config", "ignore")
     assert key_paths(without(cfg, path)) == key_paths(without(before.config, path))
     assert without(cfg, path) == without(before.config, path)
@@ -81,16 +86,43 @@ def assert_only_exclusions_changed(before: QuantConfigs, hq: dict[str, Any] | No
     assert new_hq[: len(old_hq)] == old_hq and new_cfg[: len(old_cfg)] == old_cfg  # appended
 
 
-_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
-                       st.text(max_size=8), st.sampled_from(["mtp*", "lm_head", "re:(", "*",
-                                                             "NVFP4", "MIXED_PRECISION",
-                                                             "modelopt", "fp8",
-                                                             "compressed-tensors"]))  # fmt: skip
-json_values = st.recursive(_json_leaf, lambda inner: st.one_of(
-    st.lists(inner, max_size=4),
-    st.dictionaries(st.sampled_from(["quant_method", "quant_algo", "ignore", "exclude_modules",
-                                     "quantization", "quantized_layers", "config_groups",
-                                     "targets", "weights", "num_bits", "type",
-                                     "kv_cache_scheme", "ignored_layers",
-                                     "modules_to_not_convert", "x"]), inner, max_size=5),
-), max_leaves=12)  # fmt: skip
+_json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.sampled_from(
+        ["mtp*", "lm_head", "re:(", "*", "NVFP4", "MIXED_PRECISION", "modelopt", "fp8", "compressed-tensors"]
+    ),
+)
+json_values = st.recursive(
+    _json_leaf,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "quant_method",
+                    "quant_algo",
+                    "ignore",
+                    "exclude_modules",
+                    "quantization",
+                    "quantized_layers",
+                    "config_groups",
+                    "targets",
+                    "weights",
+                    "num_bits",
+                    "type",
+                    "kv_cache_scheme",
+                    "ignored_layers",
+                    "modules_to_not_convert",
+                    "x",
+                ]
+            ),
+            inner,
+            max_size=5,
+        ),
+    ),
+    max_leaves=12,
+)

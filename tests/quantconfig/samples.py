@@ -39,8 +39,11 @@ def nvidia_qwen35_exclude(
     for i in range(num_layers):
         layer = f"{prefix}layers.{i}"
         if (i + 1) % full_attention_interval != 0:
-            out += [f"{layer}.linear_attn.conv1d", f"{layer}.linear_attn.in_proj_a",
-                    f"{layer}.linear_attn.in_proj_b"]  # fmt: skip
+            out += [
+                f"{layer}.linear_attn.conv1d",
+                f"{layer}.linear_attn.in_proj_a",
+                f"{layer}.linear_attn.in_proj_b",
+            ]
         if router_gates:
             out += [f"{layer}.mlp.gate", f"{layer}.mlp.shared_expert_gate"]
     if vision:
@@ -69,8 +72,10 @@ def modelopt_hf_quant(
 
 def _group(algo: str, group_size: int | None) -> dict[str, Any]:
     if algo == "FP8":
-        return {"input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
-                "weights": {"dynamic": False, "num_bits": 8, "type": "float"}}  # fmt: skip
+        return {
+            "input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
+            "weights": {"dynamic": False, "num_bits": 8, "type": "float"},
+        }
     gs = group_size or 16
     return {
         "input_activations": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": gs},
@@ -94,8 +99,7 @@ def modelopt_quantization_config(hf_quant: dict[str, Any]) -> dict[str, Any]:
         out["config_groups"] = groups
         out["quantized_layers"] = q["quantized_layers"]
     else:
-        out["config_groups"] = {"group_0": {**_group(algo, q.get("group_size")),
-                                            "targets": ["Linear"]}}  # fmt: skip
+        out["config_groups"] = {"group_0": {**_group(algo, q.get("group_size")), "targets": ["Linear"]}}
     out["ignore"] = list(q.get("exclude_modules") or [])
     out["quant_algo"] = algo
     if q.get("kv_cache_quant_algo") == "FP8":
@@ -125,8 +129,7 @@ def modelopt_fp8_configs(
     exclude: list[str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(hf_quant_config.json, quantization_config) for a ModelOpt FP8 export."""
-    hq = modelopt_hf_quant("FP8", exclude if exclude is not None else ["lm_head"],
-                           group_size=None)  # fmt: skip
+    hq = modelopt_hf_quant("FP8", exclude if exclude is not None else ["lm_head"], group_size=None)
     return hq, modelopt_quantization_config(hq)
 
 
@@ -137,31 +140,43 @@ def modelopt_mixed_configs(
     """MIXED_PRECISION (NVIDIA's Qwen3.6 style): ``quantized_layers`` prefix -> algo."""
     layers: dict[str, dict[str, Any]] = {}
     for name, algo in quantized_layers.items():
-        layers[name] = {"quant_algo": algo, "group_size": 16} if "NVFP4" in algo else {
-            "quant_algo": algo}  # fmt: skip
-    hq = modelopt_hf_quant("MIXED_PRECISION", exclude if exclude is not None else [],
-                           quantized_layers=layers)  # fmt: skip
+        layers[name] = {"quant_algo": algo, "group_size": 16} if "NVFP4" in algo else {"quant_algo": algo}
+    hq = modelopt_hf_quant("MIXED_PRECISION", exclude if exclude is not None else [], quantized_layers=layers)
     return hq, modelopt_quantization_config(hq)
 
 
 def compressed_tensors_nvfp4_config(ignore: list[str] | None = None) -> dict[str, Any]:
     """llm-compressor ``nvfp4-pack-quantized`` quantization_config (no hf_quant_config.json)."""
     return {
-        "config_groups": {"group_0": {
-            "input_activations": {"dynamic": "local", "group_size": 16, "num_bits": 4,
-                                  "strategy": "tensor_group", "type": "float"},
-            "output_activations": None,
-            "targets": ["Linear"],
-            "weights": {"dynamic": False, "group_size": 16, "num_bits": 4,
-                        "strategy": "tensor_group", "symmetric": True, "type": "float"},
-        }},
+        "config_groups": {
+            "group_0": {
+                "input_activations": {
+                    "dynamic": "local",
+                    "group_size": 16,
+                    "num_bits": 4,
+                    "strategy": "tensor_group",
+                    "type": "float",
+                },
+                "output_activations": None,
+                "targets": ["Linear"],
+                "weights": {
+                    "dynamic": False,
+                    "group_size": 16,
+                    "num_bits": 4,
+                    "strategy": "tensor_group",
+                    "symmetric": True,
+                    "type": "float",
+                },
+            }
+        },
         "format": "nvfp4-pack-quantized",
-        "ignore": list(ignore) if ignore is not None else
-        ["lm_head", "re:.*mlp.gate$", "re:.*linear_attn.*", "re:^mtp.*"],
+        "ignore": list(ignore)
+        if ignore is not None
+        else ["lm_head", "re:.*mlp.gate$", "re:.*linear_attn.*", "re:^mtp.*"],
         "kv_cache_scheme": None,
         "quant_method": "compressed-tensors",
         "quantization_status": "compressed",
-    }  # fmt: skip
+    }
 
 
 def fp8_block_config(modules_to_not_convert: list[str] | None = None) -> dict[str, Any]:
@@ -242,12 +257,18 @@ def qwen35_moe_modules(
             ]
         out += [f"{layer}.mlp.gate", f"{layer}.mlp.shared_expert_gate"]
         out += [f"{layer}.mlp.shared_expert.{p}" for p in ("gate_proj", "up_proj", "down_proj")]
-        out += [f"{layer}.mlp.experts.{e}.{p}" for e in range(num_experts)
-                for p in ("gate_proj", "up_proj", "down_proj")]  # fmt: skip
+        out += [
+            f"{layer}.mlp.experts.{e}.{p}"
+            for e in range(num_experts)
+            for p in ("gate_proj", "up_proj", "down_proj")
+        ]
     out.append("lm_head")
     if vision:
-        out += ["model.visual.blocks.0.attn.qkv", "model.visual.blocks.0.mlp.linear_fc1",
-                "model.visual.merger.linear_fc2"]  # fmt: skip
+        out += [
+            "model.visual.blocks.0.attn.qkv",
+            "model.visual.blocks.0.mlp.linear_fc1",
+            "model.visual.merger.linear_fc2",
+        ]
     out += qwen35_moe_drafter_modules(mtp_prefix, num_experts=num_experts)
     return out
 
@@ -259,13 +280,15 @@ def qwen35_moe_drafter_modules(mtp_prefix: str = "", *, num_experts: int = 4) ->
     out += [f"{m}.layers.0.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
     out += [f"{m}.layers.0.mlp.gate", f"{m}.layers.0.mlp.shared_expert_gate"]
     out += [f"{m}.layers.0.mlp.shared_expert.{p}" for p in ("gate_proj", "up_proj", "down_proj")]
-    out += [f"{m}.layers.0.mlp.experts.{e}.{p}" for e in range(num_experts)
-            for p in ("gate_proj", "up_proj", "down_proj")]  # fmt: skip
+    out += [
+        f"{m}.layers.0.mlp.experts.{e}.{p}"
+        for e in range(num_experts)
+        for p in ("gate_proj", "up_proj", "down_proj")
+    ]
     return out
 
 
-def nvidia_stored_formats(modules: list[str], exclude_prefixes: tuple[str, ...] = ()) -> dict[
-        str, str]:  # fmt: skip
+def nvidia_stored_formats(modules: list[str], exclude_prefixes: tuple[str, ...] = ()) -> dict[str, str]:
     """What NVIDIA's NVFP4 export really stores: NVFP4 except lm_head, vision, linear_attn
     in/conv, router gates and the whole MTP branch (BF16), and modules in
     ``exclude_prefixes``."""

@@ -71,8 +71,7 @@ def test_audit_fp8_drafter_of_a_variant() -> None:
     stored = {m: ("fp8" if m in drafter else k) for m, k in stored.items()}
     stock = audit_quant_configs(variant, stored, drafter)
     assert {f.module for f in stock if f.code == CODE_QUANTIZED_DECLARED_PLAIN} == set(drafter)
-    assert all("mtpconv vLLM plugin" in f.message for f in stock
-               if f.code == CODE_QUANTIZED_DECLARED_PLAIN)  # fmt: skip
+    assert all("mtpconv vLLM plugin" in f.message for f in stock if f.code == CODE_QUANTIZED_DECLARED_PLAIN)
     served = audit_quant_configs(variant, stored, drafter, plugin_drafter=True)
     assert not [f for f in served if f.severity is Severity.ERROR]
 
@@ -84,7 +83,10 @@ def test_audit_format_mismatch() -> None:
     findings = audit_quant_configs(configs, stored, [])
     (f,) = [f for f in findings if f.code != CODE_UNUSED_EXCLUSION]
     assert (f.code, f.module, f.severity) == (
-        CODE_FORMAT_MISMATCH, f"{VLM}layers.3.self_attn.q_proj", Severity.ERROR)  # fmt: skip
+        CODE_FORMAT_MISMATCH,
+        f"{VLM}layers.3.self_attn.q_proj",
+        Severity.ERROR,
+    )
 
 
 def test_audit_files_disagree() -> None:

@@ -34,7 +34,11 @@ def test_declared_nvfp4_reads_config_json_first() -> None:
     configs, *_ = nvfp4_gap()
     decl = declared_quant(configs)
     assert (decl.method, decl.algo, decl.kv_cache_algo, decl.source) == (
-        "modelopt", "NVFP4", "FP8", "config.json")  # fmt: skip
+        "modelopt",
+        "NVFP4",
+        "FP8",
+        "config.json",
+    )
     assert decl.exclude[-1] == "mtp.layers.0*" and decl.quantized_layers is None
 
 
@@ -61,8 +65,11 @@ def test_declared_bf16_is_none() -> None:
 
 
 def test_declared_mixed_precision() -> None:
-    layers = {f"{VLM}layers.0.mlp.experts": "NVFP4", f"{VLM}layers.3.self_attn.q_proj": "FP8",
-              "lm_head": "FP8"}  # fmt: skip
+    layers = {
+        f"{VLM}layers.0.mlp.experts": "NVFP4",
+        f"{VLM}layers.3.self_attn.q_proj": "FP8",
+        "lm_head": "FP8",
+    }
     hq, qc = modelopt_mixed_configs(layers, ["mtp*", "mtp.layers.0*"])
     decl = declared_quant(QuantConfigs(qwen35_moe_config(qc), hq))
     assert decl.algo == "MIXED_PRECISION"
@@ -91,8 +98,7 @@ def test_declared_compressed_tensors() -> None:
     assert declared_algorithm(decl, f"{VLM}layers.0.linear_attn.out_proj") is None
     assert declared_algorithm(decl, "lm_head") is None
     assert declared_algorithm(decl, "mtp.fc") is None  # re:^mtp.*
-    no_ignore = declared_quant(QuantConfigs(qwen35_moe_config(
-        compressed_tensors_nvfp4_config([])), None))  # fmt: skip
+    no_ignore = declared_quant(QuantConfigs(qwen35_moe_config(compressed_tensors_nvfp4_config([])), None))
     assert declared_algorithm(no_ignore, "mtp.fc") == "NVFP4"
     assert declared_algorithm(no_ignore, "lm_head") is None  # "Linear" targets no LM head
 

@@ -83,19 +83,49 @@ def test_other_methods_matching(pattern: str, module: str, method: str, expected
 
 # ------------------------------------------------- one rule, three questions agree
 
-_PATTERNS = st.sampled_from([
-    "mtp*", "mtp.*", "mtp.fc", "lm_head", "mtp.layers.0*", "*.mlp.gate", "*.q_proj", "*.qkv_proj",
-    "self_attn", "mtp.layers.0.mlp.experts.1.up_proj", "*.experts.0.up_proj", "*experts*",
-    f"{VLM}layers.0.self_attn.q_proj", f"{VLM}mtp.fc", "re:.*mlp.gate$", "re:^mtp.*", "",
-    "layers.?.mlp.gate", f"{VLM}layers.*.mlp.gate", "model.visual*", "in_proj_ba",
-])  # fmt: skip
-_MODULES = st.sampled_from([
-    "mtp.fc", "mtp.draft_lm_head", "lm_head", "mtp.layers.0.self_attn.q_proj",
-    "mtp.layers.0.mlp.experts.1.up_proj", "mtp.layers.0.mlp.experts.0.down_proj",
-    "mtp.layers.10.mlp.gate", f"{VLM}mtp.fc", f"{VLM}layers.0.self_attn.q_proj",
-    f"{VLM}layers.0.self_attn.o_proj", f"{VLM}layers.0.mlp.gate", f"{VLM}layers.0.linear_attn.in_proj_a",
-    "model.visual.blocks.0.attn.qkv", "layers.3.mlp.gate",
-])  # fmt: skip
+_PATTERNS = st.sampled_from(
+    [
+        "mtp*",
+        "mtp.*",
+        "mtp.fc",
+        "lm_head",
+        "mtp.layers.0*",
+        "*.mlp.gate",
+        "*.q_proj",
+        "*.qkv_proj",
+        "self_attn",
+        "mtp.layers.0.mlp.experts.1.up_proj",
+        "*.experts.0.up_proj",
+        "*experts*",
+        f"{VLM}layers.0.self_attn.q_proj",
+        f"{VLM}mtp.fc",
+        "re:.*mlp.gate$",
+        "re:^mtp.*",
+        "",
+        "layers.?.mlp.gate",
+        f"{VLM}layers.*.mlp.gate",
+        "model.visual*",
+        "in_proj_ba",
+    ]
+)
+_MODULES = st.sampled_from(
+    [
+        "mtp.fc",
+        "mtp.draft_lm_head",
+        "lm_head",
+        "mtp.layers.0.self_attn.q_proj",
+        "mtp.layers.0.mlp.experts.1.up_proj",
+        "mtp.layers.0.mlp.experts.0.down_proj",
+        "mtp.layers.10.mlp.gate",
+        f"{VLM}mtp.fc",
+        f"{VLM}layers.0.self_attn.q_proj",
+        f"{VLM}layers.0.self_attn.o_proj",
+        f"{VLM}layers.0.mlp.gate",
+        f"{VLM}layers.0.linear_attn.in_proj_a",
+        "model.visual.blocks.0.attn.qkv",
+        "layers.3.mlp.gate",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -52,8 +52,11 @@ def test_variant_excludes_whole_drafter_minimally(vlm: bool, mtp_prefix: str) ->
     new_hq, new_cfg = excludes(hq, cfg)
     assert new_hq == new_cfg  # both files say the same
     assert new_hq[len(excludes(original.hf_quant, original.config)[0]) :] == ["mtp.fc"]
-    for decl in (declared_quant(QuantConfigs(cfg, hq)), declared_quant(QuantConfigs(cfg, None)),
-                 declared_quant(QuantConfigs(qwen35_moe_config(None), hq))):  # fmt: skip
+    for decl in (
+        declared_quant(QuantConfigs(cfg, hq)),
+        declared_quant(QuantConfigs(cfg, None)),
+        declared_quant(QuantConfigs(qwen35_moe_config(None), hq)),
+    ):
         assert all(declared_algorithm(decl, m) is None for m in drafter)
         old = declared_quant(configs)
         for m in modules:
@@ -95,16 +98,22 @@ def test_variant_is_idempotent_and_no_op_when_already_excluded() -> None:
 
 def test_variant_bf16_source_unchanged() -> None:
     cfg = qwen35_moe_config(None)
-    hq, cfg2 = variant_configs(QuantConfigs(cfg, None), qwen35_moe_drafter_modules(),
-                               qwen35_moe_modules()).documents  # fmt: skip
+    hq, cfg2 = variant_configs(
+        QuantConfigs(cfg, None), qwen35_moe_drafter_modules(), qwen35_moe_modules()
+    ).documents
     assert hq is None and cfg2 == cfg and "quantization_config" not in cfg2
     assert key_paths(cfg2) == key_paths(cfg)
 
 
 def test_variant_mixed_precision_drops_drafter_layers() -> None:
     drafter = qwen35_moe_drafter_modules()
-    layers = {f"{VLM}layers.0.mlp.experts": "NVFP4", f"{VLM}layers.3.self_attn.q_proj": "FP8",
-              "mtp.layers.0.mlp.experts": "NVFP4", "mtp.fc": "FP8", "lm_head": "FP8"}  # fmt: skip
+    layers = {
+        f"{VLM}layers.0.mlp.experts": "NVFP4",
+        f"{VLM}layers.3.self_attn.q_proj": "FP8",
+        "mtp.layers.0.mlp.experts": "NVFP4",
+        "mtp.fc": "FP8",
+        "lm_head": "FP8",
+    }
     hq, qc = modelopt_mixed_configs(layers, ["model.visual*"])
     configs = QuantConfigs(qwen35_moe_config(qc), hq)
     modules = qwen35_moe_modules()
@@ -113,8 +122,7 @@ def test_variant_mixed_precision_drops_drafter_layers() -> None:
     kept = [k for k in layers if not k.startswith("mtp.")]
     assert list(hq2["quantization"]["quantized_layers"]) == kept
     assert list(cfg2["quantization_config"]["quantized_layers"]) == kept
-    targets = [t for g in cfg2["quantization_config"]["config_groups"].values()
-               for t in g["targets"]]  # fmt: skip
+    targets = [t for g in cfg2["quantization_config"]["config_groups"].values() for t in g["targets"]]
     assert sorted(targets) == sorted(kept)
     # nothing else needed: exclusions untouched
     assert excludes(hq2, cfg2) == (["model.visual*"], ["model.visual*"])
@@ -148,8 +156,9 @@ def test_fix_exclusions_only_adds_what_is_stored_plain() -> None:
     added = new_hq[len(excludes(original.hf_quant, original.config)[0]) :]
     assert added == [f"{VLM}layers.*.mlp.gate", f"{VLM}layers.*.mlp.shared_expert_gate", "mtp.fc"]
     fixed = QuantConfigs(cfg, hq)
-    assert not [f for f in audit_quant_configs(fixed, stored, drafter)
-                if f.code == CODE_PLAIN_DECLARED_QUANTIZED]  # fmt: skip
+    assert not [
+        f for f in audit_quant_configs(fixed, stored, drafter) if f.code == CODE_PLAIN_DECLARED_QUANTIZED
+    ]
     old, new = declared_quant(configs), declared_quant(fixed)
     for m, kind in stored.items():
         if kind != "plain":
@@ -193,8 +202,10 @@ def test_rewrite_of_inconsistent_files_makes_both_exclude_the_drafter() -> None:
     assert configs.hf_quant is not None
     configs.hf_quant["quantization"]["exclude_modules"].remove("mtp.layers.0*")
     hq, cfg = variant_configs(configs, drafter, modules).documents
-    for decl in (declared_quant(QuantConfigs(cfg, None)),
-                 declared_quant(QuantConfigs(qwen35_moe_config(None), hq))):  # fmt: skip
+    for decl in (
+        declared_quant(QuantConfigs(cfg, None)),
+        declared_quant(QuantConfigs(qwen35_moe_config(None), hq)),
+    ):
         assert all(declared_algorithm(decl, m) is None for m in drafter)
 
 
@@ -213,12 +224,18 @@ def test_rewriters_raise_only_quant_config_error(qc: Any, hq: Any, text_qc: bool
     configs = QuantConfigs(cfg, hq_doc)
     drafter = ["mtp.fc", "mtp.layers.0.mlp.experts.0.up_proj"]
     modules = [*drafter, "lm_head", "model.layers.0.mlp.gate"]
-    stored = {"mtp.fc": "plain", "lm_head": "nvfp4", "model.layers.0.mlp.gate": "plain",
-              "mtp.layers.0.mlp.experts.0.up_proj": "fp8"}  # fmt: skip
+    stored = {
+        "mtp.fc": "plain",
+        "lm_head": "nvfp4",
+        "model.layers.0.mlp.gate": "plain",
+        "mtp.layers.0.mlp.experts.0.up_proj": "fp8",
+    }
     snapshot = copy.deepcopy(configs)
-    for call in (lambda: variant_configs(configs, drafter, modules).documents,
-                 lambda: fixed_exclusion_configs(configs, stored).documents,
-                 lambda: declared_quant(configs)):  # fmt: skip
+    for call in (
+        lambda: variant_configs(configs, drafter, modules).documents,
+        lambda: fixed_exclusion_configs(configs, stored).documents,
+        lambda: declared_quant(configs),
+    ):
         with contextlib.suppress(QuantConfigError):
             call()
     audit_quant_configs(configs, stored, drafter)  # never raises: errors become findings
@@ -230,11 +247,22 @@ def _maybe(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return st.integers(0, 7).flatmap(lambda i: valid if i else json_values)
 
 
-_module = st.sampled_from(["mtp.fc", "mtp.layers.0.mlp.experts", "lm_head", "mtp*", "model.*",
-                           f"{VLM}layers.0.mlp.gate", "mtp.layers.0*", "re:.*fc$", "", "*"])  # fmt: skip
+_module = st.sampled_from(
+    [
+        "mtp.fc",
+        "mtp.layers.0.mlp.experts",
+        "lm_head",
+        "mtp*",
+        "model.*",
+        f"{VLM}layers.0.mlp.gate",
+        "mtp.layers.0*",
+        "re:.*fc$",
+        "",
+        "*",
+    ]
+)
 _algo = st.sampled_from(["NVFP4", "FP8", "MIXED_PRECISION", "nvfp4", "W4A16_NVFP4", "INT4"])
-_layers = st.dictionaries(_module, _maybe(st.fixed_dictionaries({"quant_algo": _algo})),
-                          max_size=4)  # fmt: skip
+_layers = st.dictionaries(_module, _maybe(st.fixed_dictionaries({"quant_algo": _algo})), max_size=4)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -243,26 +271,53 @@ _layers = st.dictionaries(_module, _maybe(st.fixed_dictionaries({"quant_algo": _
     algo=_maybe(_algo),
     ignore=_maybe(st.lists(_module, max_size=4)),
     layers=_maybe(_layers),
-    groups=_maybe(st.dictionaries(st.sampled_from(["group_0", "group_1"]), st.fixed_dictionaries(
-        {"targets": _maybe(st.lists(_module, max_size=3)),
-         "weights": _maybe(st.fixed_dictionaries({"num_bits": st.sampled_from([4, 8]),
-                                                  "type": st.sampled_from(["float", "int"])}))}),
-        max_size=2)),
+    groups=_maybe(
+        st.dictionaries(
+            st.sampled_from(["group_0", "group_1"]),
+            st.fixed_dictionaries(
+                {
+                    "targets": _maybe(st.lists(_module, max_size=3)),
+                    "weights": _maybe(
+                        st.fixed_dictionaries(
+                            {"num_bits": st.sampled_from([4, 8]), "type": st.sampled_from(["float", "int"])}
+                        )
+                    ),
+                }
+            ),
+            max_size=2,
+        )
+    ),
     hq_layers=_maybe(_layers),
     hq_exclude=_maybe(st.lists(_module, max_size=4)),
     nested=st.booleans(),
-)  # fmt: skip
-def test_rewriters_on_near_valid_configs(method: Any, algo: Any, ignore: Any, layers: Any,
-                                         groups: Any, hq_layers: Any, hq_exclude: Any,
-                                         nested: bool) -> None:  # fmt: skip
-    qc: dict[str, Any] = {"config_groups": groups, "quantized_layers": layers, "ignore": ignore,
-                          "quant_algo": algo, "quant_method": method,
-                          "ignored_layers": ignore}  # fmt: skip
+)
+def test_rewriters_on_near_valid_configs(
+    method: Any,
+    algo: Any,
+    ignore: Any,
+    layers: Any,
+    groups: Any,
+    hq_layers: Any,
+    hq_exclude: Any,
+    nested: bool,
+) -> None:
+    qc: dict[str, Any] = {
+        "config_groups": groups,
+        "quantized_layers": layers,
+        "ignore": ignore,
+        "quant_algo": algo,
+        "quant_method": method,
+        "ignored_layers": ignore,
+    }
     if nested:
-        qc = {"quant_method": method, "quantization": {
-            "quant_algo": algo, "exclude_modules": ignore, "quantized_layers": layers}}  # fmt: skip
-    hq = {"producer": {"name": "modelopt"}, "quantization": {
-        "quant_algo": algo, "exclude_modules": hq_exclude, "quantized_layers": hq_layers}}  # fmt: skip
+        qc = {
+            "quant_method": method,
+            "quantization": {"quant_algo": algo, "exclude_modules": ignore, "quantized_layers": layers},
+        }
+    hq = {
+        "producer": {"name": "modelopt"},
+        "quantization": {"quant_algo": algo, "exclude_modules": hq_exclude, "quantized_layers": hq_layers},
+    }
     configs = QuantConfigs(qwen35_moe_config(qc), hq)
     drafter = qwen35_moe_drafter_modules(num_experts=2)
     modules = qwen35_moe_modules(num_layers=1, num_experts=2, full_attention_interval=1)

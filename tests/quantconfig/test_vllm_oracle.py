@@ -63,10 +63,17 @@ for kind, doc, layers in json.load(sys.stdin):
 json.dump(out, sys.stdout)
 """
 
-_FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
-          "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
-          "in_proj_qkv": "in_proj_qkvz", "in_proj_z": "in_proj_qkvz",
-          "in_proj_a": "in_proj_ba", "in_proj_b": "in_proj_ba"}  # fmt: skip
+_FUSED = {
+    "q_proj": "qkv_proj",
+    "k_proj": "qkv_proj",
+    "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
+    "in_proj_qkv": "in_proj_qkvz",
+    "in_proj_z": "in_proj_qkvz",
+    "in_proj_a": "in_proj_ba",
+    "in_proj_b": "in_proj_ba",
+}
 
 
 def vllm_layer(module: str) -> str:
@@ -78,8 +85,11 @@ def vllm_layer(module: str) -> str:
     elif parts[-1] in _FUSED:
         parts[-1] = _FUSED[parts[-1]]
     name = ".".join(parts)
-    for old, new in (("model.language_model.mtp.", "mtp."), ("model.language_model.",
-                     "language_model.model."), ("model.visual.", "visual.")):  # fmt: skip
+    for old, new in (
+        ("model.language_model.mtp.", "mtp."),
+        ("model.language_model.", "language_model.model."),
+        ("model.visual.", "visual."),
+    ):
         if name.startswith(old):
             return new + name[len(old) :]
     return "language_model.lm_head" if name == "lm_head" else name
@@ -94,34 +104,47 @@ def test_matching_agrees_with_vllm() -> None:
     cases: list[tuple[str, dict[str, Any], list[str]]] = []
     for mtp_prefix in ("", VLM):
         configs, modules, drafter, stored = nvfp4_gap(mtp_prefix=mtp_prefix, router_gates=False)
-        docs = [configs.hf_quant,
-                variant_configs(configs, drafter, modules).documents[0],
-                fixed_exclusion_configs(configs, stored).documents[0]]  # fmt: skip
-        for extra in (["lm_head", "mtp.layers.1*", "*.mlp.gate"], ["self_attn", "mtp.fc"],
-                      ["*.q_proj", "mtp.layers.0.mlp.experts.1.up_proj", f"{VLM}mtp.fc"],
-                      [f"{VLM}layers.0.self_attn.q_proj", "*experts*"]):  # fmt: skip
+        docs = [
+            configs.hf_quant,
+            variant_configs(configs, drafter, modules).documents[0],
+            fixed_exclusion_configs(configs, stored).documents[0],
+        ]
+        for extra in (
+            ["lm_head", "mtp.layers.1*", "*.mlp.gate"],
+            ["self_attn", "mtp.fc"],
+            ["*.q_proj", "mtp.layers.0.mlp.experts.1.up_proj", f"{VLM}mtp.fc"],
+            [f"{VLM}layers.0.self_attn.q_proj", "*experts*"],
+        ):
             hq = copy.deepcopy(configs.hf_quant)
             assert hq is not None
             hq["quantization"]["exclude_modules"] = extra
             docs.append(hq)
         cases += [("nvfp4", doc, modules) for doc in docs if doc is not None]
-        layers = {f"{VLM}layers.0.mlp.experts": "NVFP4", f"{VLM}layers.3.self_attn.q_proj": "FP8",
-                  f"{VLM}layers.3.self_attn.k_proj": "FP8", f"{VLM}layers.3.self_attn.v_proj":
-                  "FP8", "mtp.layers.0.mlp.experts": "NVFP4", "mtp.fc": "FP8",
-                  "lm_head": "FP8"}  # fmt: skip
+        layers = {
+            f"{VLM}layers.0.mlp.experts": "NVFP4",
+            f"{VLM}layers.3.self_attn.q_proj": "FP8",
+            f"{VLM}layers.3.self_attn.k_proj": "FP8",
+            f"{VLM}layers.3.self_attn.v_proj": "FP8",
+            "mtp.layers.0.mlp.experts": "NVFP4",
+            "mtp.fc": "FP8",
+            "lm_head": "FP8",
+        }
         hq, qc = modelopt_mixed_configs(layers, ["model.visual*"])
         mixed = QuantConfigs(qwen35_moe_config(qc), hq)
         cases.append(("mixed", qc, modules))
-        cases.append(("mixed", variant_configs(mixed, drafter, modules).documents[1]["quantization_config"],
-                      modules))  # fmt: skip
+        cases.append(
+            ("mixed", variant_configs(mixed, drafter, modules).documents[1]["quantization_config"], modules)
+        )
         ct = QuantConfigs(qwen35_moe_config(compressed_tensors_nvfp4_config(["lm_head"])), None)
         cases.append(("ct", ct.config["quantization_config"], modules))
-        cases.append(("ct", variant_configs(ct, drafter, modules).documents[1]["quantization_config"],
-                      modules))  # fmt: skip
+        cases.append(
+            ("ct", variant_configs(ct, drafter, modules).documents[1]["quantization_config"], modules)
+        )
         cases.append(("ct", compressed_tensors_nvfp4_config(), modules))
     job = [(kind, doc, sorted({vllm_layer(m) for m in mods})) for kind, doc, mods in cases]
-    proc = subprocess.run([sys.executable, "-c", _ORACLE], input=json.dumps(job),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _ORACLE], input=json.dumps(job), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     answers = json.loads(proc.stdout)
     for (kind, doc, mods), vllm_says in zip(cases, answers, strict=True):

@@ -45,16 +45,21 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("vllm_models")
     ids = write_ids(root / "ids.pt", list(range(384)))
     out: dict[str, Path] = {}
-    for name, kw in {"planted": {}, "planted_swapped": {"swap_fc": True},
-                     "random": {"kind": "random"}, "moe": {"moe": True},
-                     "next": {"next": True}}.items():  # fmt: skip
+    for name, kw in {
+        "planted": {},
+        "planted_swapped": {"swap_fc": True},
+        "random": {"kind": "random"},
+        "moe": {"moe": True},
+        "next": {"next": True},
+    }.items():
         out[name] = build(root / name, **kw)
     for name in ("planted", "planted_swapped", "random", "moe"):
         out[f"{name}_fp8"] = quantize_mtp(out[name], root / f"{name}_fp8")
     for name in ("planted", "random", "moe", "next"):
-        out[f"{name}_fp8_vocab"] = quantize_mtp(out[name], root / f"{name}_fp8_vocab",
-                                                "--draft-vocab", str(ids))  # fmt: skip
-    out["random_fp8_vocab_bf16"] = quantize_mtp(out["random"], root / "random_fp8_vocab_bf16",
-                                                "--draft-vocab", str(ids),
-                                                "--draft-head-dtype", "bf16")  # fmt: skip
+        out[f"{name}_fp8_vocab"] = quantize_mtp(
+            out[name], root / f"{name}_fp8_vocab", "--draft-vocab", str(ids)
+        )
+    out["random_fp8_vocab_bf16"] = quantize_mtp(
+        out["random"], root / "random_fp8_vocab_bf16", "--draft-vocab", str(ids), "--draft-head-dtype", "bf16"
+    )
     return out

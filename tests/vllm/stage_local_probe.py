@@ -20,9 +20,12 @@ import torch
 
 def _describe(out: Any, calls: list[int], ref: torch.Tensor) -> dict[str, Any]:
     is_tensor = isinstance(out, torch.Tensor)
-    return {"type": "Tensor" if is_tensor else type(out).__name__,
-            "shape": list(out.shape) if is_tensor else None, "embedded": len(calls),
-            "equal_single_rank": bool(is_tensor and torch.equal(out, ref))}  # fmt: skip
+    return {
+        "type": "Tensor" if is_tensor else type(out).__name__,
+        "shape": list(out.shape) if is_tensor else None,
+        "embedded": len(calls),
+        "equal_single_rank": bool(is_tensor and torch.equal(out, ref)),
+    }
 
 
 def stage_local_probe(worker: Any) -> dict[str, Any]:
@@ -47,8 +50,9 @@ def stage_local_probe(worker: Any) -> dict[str, Any]:
         out: torch.Tensor = embed(input_ids)
         return out
 
-    def passthrough(positions: torch.Tensor, hidden_states: torch.Tensor,
-                    residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def passthrough(
+        positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return hidden_states, torch.zeros_like(hidden_states)
 
     targets = [parallel_state, distributed, qwen3_5_mtp, qwen3_next_mtp]
@@ -60,8 +64,9 @@ def stage_local_probe(worker: Any) -> dict[str, Any]:
         with torch.inference_mode():
             ref = drafter(ids, positions, hidden)
             for rank, last in (("middle", False), ("last", True)):
-                group = SimpleNamespace(is_first_rank=False, is_last_rank=last, world_size=3,
-                                        rank_in_group=1 if not last else 2)  # fmt: skip
+                group = SimpleNamespace(
+                    is_first_rank=False, is_last_rank=last, world_size=3, rank_in_group=1 if not last else 2
+                )
                 for m in targets:
                     m.get_pp_group = lambda group=group: group
                 try:
@@ -70,13 +75,15 @@ def stage_local_probe(worker: Any) -> dict[str, Any]:
                     if last:
                         try:
                             out = qwen3_next_mtp.Qwen3NextMultiTokenPredictor.forward(
-                                predictor, ids, positions, hidden)
+                                predictor, ids, positions, hidden
+                            )
                             results["stock_qwen3_next_last"] = type(out).__name__
                         except AssertionError:
                             results["stock_qwen3_next_last"] = "AssertionError"
                     else:
                         out = qwen3_5_mtp.Qwen3_5MultiTokenPredictor.forward(
-                            predictor, ids, positions, hidden)
+                            predictor, ids, positions, hidden
+                        )
                         results["stock_qwen3_5_middle"] = type(out).__name__
                 finally:
                     for m, original in zip(targets, originals, strict=True):

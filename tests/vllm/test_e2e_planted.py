@@ -23,8 +23,9 @@ def runs(models: dict[str, Path]) -> dict[str, Run]:
         "fp8_vocab_off": run(models["planted_fp8_vocab"], env={"MTPCONV_DRAFT_VOCAB": "0"}),
         "swapped_fp8": run(models["planted_swapped_fp8"]),
         # vLLM's local-argmax path calls the drafter's get_top_tokens, not compute_logits.
-        "fp8_vocab_local_argmax": run(models["planted_fp8_vocab"],
-                                      spec_extra={"use_local_argmax_reduction": True}),
+        "fp8_vocab_local_argmax": run(
+            models["planted_fp8_vocab"], spec_extra={"use_local_argmax_reduction": True}
+        ),
     }
 
 
@@ -32,14 +33,14 @@ def test_planted_target_generates_t_plus_one(runs: dict[str, Run]) -> None:
     assert runs["nospec"].outputs == [planted_continuation(p) for p in PROMPTS]
 
 
-@pytest.mark.parametrize("variant", ["bf16", "fp8", "fp8_vocab", "fp8_vocab_off", "swapped_fp8",
-                                     "fp8_vocab_local_argmax"])
+@pytest.mark.parametrize(
+    "variant", ["bf16", "fp8", "fp8_vocab", "fp8_vocab_off", "swapped_fp8", "fp8_vocab_local_argmax"]
+)
 def test_speculative_output_equals_plain_greedy(runs: dict[str, Run], variant: str) -> None:
     assert runs[variant].outputs == runs["nospec"].outputs
 
 
-@pytest.mark.parametrize("variant", ["bf16", "fp8", "fp8_vocab", "fp8_vocab_off",
-                                     "fp8_vocab_local_argmax"])
+@pytest.mark.parametrize("variant", ["bf16", "fp8", "fp8_vocab", "fp8_vocab_off", "fp8_vocab_local_argmax"])
 def test_planted_drafter_is_accepted(runs: dict[str, Run], variant: str) -> None:
     r = runs[variant]
     assert r.drafted > 0
@@ -67,10 +68,13 @@ def test_source_without_manifest_builds_stock_layers(runs: dict[str, Run]) -> No
 
 def test_fp8_variant_really_runs_fp8_linears(runs: dict[str, Run]) -> None:
     mods = runs["fp8"].modules
-    for name, shape in {"model.fc": (128, 256), "model.layers.0.self_attn.qkv_proj": (384, 128),
-                        "model.layers.0.self_attn.o_proj": (128, 128),
-                        "model.layers.0.mlp.gate_up_proj": (512, 128),
-                        "model.layers.0.mlp.down_proj": (128, 256)}.items():  # fmt: skip
+    for name, shape in {
+        "model.fc": (128, 256),
+        "model.layers.0.self_attn.qkv_proj": (384, 128),
+        "model.layers.0.self_attn.o_proj": (128, 128),
+        "model.layers.0.mlp.gate_up_proj": (512, 128),
+        "model.layers.0.mlp.down_proj": (128, 256),
+    }.items():
         assert mods[name][:3] == ("Fp8DrafterLinearMethod", FP8, shape), name
         # vLLM's weight-only CPU kernel where its build has one (AVX-512), else our fallback
         assert mods[name][3] == EXPECTED_CPU_FP8_KERNEL, name
@@ -89,7 +93,11 @@ def test_drafter_is_stage_local_under_pipeline_parallel(runs: dict[str, Run]) ->
     branching (Qwen3NextMTP: is_first_rank; Qwen3_5: is_last_rank) does not."""
     p = runs["fp8_vocab"].extra["probe"]
     for rank in ("middle", "last"):
-        assert p[f"ours_{rank}"] == {"type": "Tensor", "shape": [3, 128], "embedded": 1,
-                                      "equal_single_rank": True}  # fmt: skip
+        assert p[f"ours_{rank}"] == {
+            "type": "Tensor",
+            "shape": [3, 128],
+            "embedded": 1,
+            "equal_single_rank": True,
+        }
     assert p["stock_qwen3_next_last"] == "AssertionError"  # asserts on intermediate tensors
     assert p["stock_qwen3_5_middle"] == "IntermediateTensors"  # hands off to a next stage

@@ -15,21 +15,37 @@ FP8 = "torch.float8_e4m3fn"
 
 @pytest.fixture(scope="module")
 def random_runs(models: dict[str, Path]) -> dict[str, Run]:
-    return {name: run(models[src], spec=name != "nospec") for name, src in {
-        "nospec": "random", "bf16": "random", "fp8": "random_fp8",
-        "fp8_vocab": "random_fp8_vocab", "fp8_vocab_bf16": "random_fp8_vocab_bf16"}.items()}  # fmt: skip
+    return {
+        name: run(models[src], spec=name != "nospec")
+        for name, src in {
+            "nospec": "random",
+            "bf16": "random",
+            "fp8": "random_fp8",
+            "fp8_vocab": "random_fp8_vocab",
+            "fp8_vocab_bf16": "random_fp8_vocab_bf16",
+        }.items()
+    }
 
 
 @pytest.fixture(scope="module")
 def moe_runs(models: dict[str, Path]) -> dict[str, Run]:
-    return {name: run(models[src], spec=name != "nospec") for name, src in {
-        "nospec": "moe", "bf16": "moe", "fp8": "moe_fp8", "fp8_vocab": "moe_fp8_vocab"}.items()}  # fmt: skip
+    return {
+        name: run(models[src], spec=name != "nospec")
+        for name, src in {
+            "nospec": "moe",
+            "bf16": "moe",
+            "fp8": "moe_fp8",
+            "fp8_vocab": "moe_fp8_vocab",
+        }.items()
+    }
 
 
 @pytest.fixture(scope="module")
 def next_runs(models: dict[str, Path]) -> dict[str, Run]:
-    return {name: run(models[src], spec=name != "nospec") for name, src in {
-        "nospec": "next", "bf16": "next", "fp8_vocab": "next_fp8_vocab"}.items()}  # fmt: skip
+    return {
+        name: run(models[src], spec=name != "nospec")
+        for name, src in {"nospec": "next", "bf16": "next", "fp8_vocab": "next_fp8_vocab"}.items()
+    }
 
 
 @pytest.mark.parametrize("variant", ["bf16", "fp8", "fp8_vocab", "fp8_vocab_bf16"])

@@ -124,14 +124,17 @@ def test_checkpoint_names_of_vllm_prefixes() -> None:
     packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
     assert checkpoint_names("mtp.fc", packed) == ["mtp.fc"]
     assert checkpoint_names("model.mtp.layers.0.self_attn.qkv_proj", packed) == [
-        "mtp.layers.0.self_attn.q_proj", "mtp.layers.0.self_attn.k_proj",
-        "mtp.layers.0.self_attn.v_proj"]  # fmt: skip
+        "mtp.layers.0.self_attn.q_proj",
+        "mtp.layers.0.self_attn.k_proj",
+        "mtp.layers.0.self_attn.v_proj",
+    ]
     assert checkpoint_names("model.layers.0.mlp.gate_up_proj", packed) == []
     assert drafter_name("model.language_model.mtp.fc") == "mtp.fc"
 
 
-def test_settings_from_manifest(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
-                                tmp_path: Path) -> None:  # fmt: skip
+def test_settings_from_manifest(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     assert drafter_settings(str(models["planted"]), None, 512) is None
     s = drafter_settings(str(models["planted_fp8_vocab"]), None, 512)
     assert s is not None and s.head is not None
@@ -162,7 +165,6 @@ def test_hub_repo_id_resolves_through_the_cache(models: dict[str, Path]) -> None
     assert s is not None and s.model_dir == snapshot
     assert s.head is not None and s.head.ids.numel() == 384
     # vLLM fetched only configs and weights: no manifest in the cache means stock behaviour.
-    populate_hub_cache("acme/tiny-bf16", models["planted_fp8_vocab"],
-                        ["config.json", "model.safetensors"])  # fmt: skip
+    populate_hub_cache("acme/tiny-bf16", models["planted_fp8_vocab"], ["config.json", "model.safetensors"])
     assert drafter_settings("acme/tiny-bf16", None, 512) is None
     assert drafter_settings("acme/not-cached", None, 512) is None

@@ -22,14 +22,21 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(("variant", "refused"), [("planted_fp8", "weight_scale"),
-                                                  ("planted_fp8_vocab", "draft_lm_head")])
+@pytest.mark.parametrize(
+    ("variant", "refused"), [("planted_fp8", "weight_scale"), ("planted_fp8_vocab", "draft_lm_head")]
+)
 def test_stock_vllm_refuses_the_variant(models: dict[str, Path], variant: str, refused: str) -> None:
     # VLLM_PLUGINS names no plugin: vLLM loads none, ours included (a fresh
     # process, so nothing this test session registered leaks in).
     env = dict(os.environ, VLLM_PLUGINS="none")
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(models[variant])],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(models[variant])],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert "LOADED" not in proc.stdout
     assert "mtpconv/vllm_plugin" not in proc.stderr  # vLLM's own drafter class failed
