@@ -35,7 +35,7 @@ differ, and `vllm_view` models them:
 
 compressed-tensors ``ignore`` entries match exactly or as ``re:`` regexes (``re.match``);
 the ``fp8`` method's ``ignored_layers`` / ``modules_to_not_convert`` match exactly.
-``tests/quantconfig/test_quant_config.py`` checks this rule against vLLM's own
+``tests/quantconfig/test_vllm_oracle.py`` checks this rule against vLLM's own
 ``is_layer_excluded``.
 
 One rule, three questions: `ExclusionPattern.matches` (one pattern, one module),

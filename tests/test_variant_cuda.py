@@ -1,7 +1,7 @@
 """quantize-mtp --device cuda writes the same bytes as the CPU path.
 
 Skipped where no CUDA device is present (CI); run on the GPU machine with
-``python -m pytest -q tests/test_convert_cuda.py``.
+``python -m pytest -q tests/test_variant_cuda.py``.
 """
 
 from __future__ import annotations

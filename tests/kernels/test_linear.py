@@ -4,7 +4,7 @@ The Triton kernels run here under Triton's interpreter (TRITON_INTERPRET=1, set
 in a subprocess so the rest of the test session keeps compiled Triton). The
 interpreter's bf16 ``tl.dot`` and its float->fp8 rounding are wrong (seen with
 triton 3.9), so the interpreted checks use fp16 for the tensor-core path and
-leave the activation-quantization kernels to tests/test_kernels_cuda.py.
+leave the activation-quantization kernels to tests/kernels/test_linear_cuda.py.
 """
 
 from __future__ import annotations

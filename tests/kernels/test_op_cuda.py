@@ -1,7 +1,7 @@
 """The fp8_linear custom op under torch.compile + CUDA graphs, as vLLM runs a drafter.
 
 Skipped where no CUDA device is present (CI); run on the GPU machine with
-``python -m pytest -q tests/test_kernel_op_cuda.py``.
+``python -m pytest -q tests/kernels/test_op_cuda.py``.
 """
 
 from __future__ import annotations

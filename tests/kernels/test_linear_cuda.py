@@ -1,7 +1,7 @@
 """CUDA tests: the GPU quantization path and every FP8 linear path.
 
 Skipped where no CUDA device is present (CI). Run on the GPU machine with
-``PYTHONPATH=. python -m pytest -q tests/test_kernels_cuda.py``.
+``PYTHONPATH=. python -m pytest -q tests/kernels/test_linear_cuda.py``.
 """
 
 from __future__ import annotations
