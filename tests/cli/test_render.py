@@ -56,9 +56,7 @@ def test_publish_plan_with_kept_card_shows_no_card(capsys: pytest.CaptureFixture
 
 def test_publish_result_prints_the_most_specific_url(capsys: pytest.CaptureFixture[str]) -> None:
     render.render_publish_result(
-        PublishResult(
-            _plan(), dry_run=False, repo_url="https://hf.co/me/x", pr_url="https://hf.co/me/x/discussions/1"
-        )
+        PublishResult(_plan(), repo_url="https://hf.co/me/x", pr_url="https://hf.co/me/x/discussions/1")
     )
     out, err = capsys.readouterr()
     assert out == "https://hf.co/me/x/discussions/1\n"
