@@ -1,7 +1,7 @@
 """Everything that prints: a rich console on stderr, progress bars, JSON on stdout.
 
 Library modules never print; they return records and accept an optional
-progress callback. Only ``cli.py`` and this module import rich.
+progress callback. Only the CLI (``mtpconv/cli/``) and this module import rich.
 """
 
 from __future__ import annotations
