@@ -9,6 +9,12 @@ truncated draft head and a stage-local forward.
 Nothing here imports vLLM at module import time: ``pip install mtpconv`` without
 vLLM must keep working, and vLLM imports this module in processes that may never
 build a model.
+
+:func:`register` also defines the custom op ``torch.ops.mtpconv.fp8_linear``
+(``mtpconv.kernels.op``; device-generic, so on CPU too). vLLM's AOT compile cache
+restores compiled graphs at a model's first forward without running any of our
+Python first, so a restored graph that names the op needs it defined by then;
+plugin loading is the earliest point we get, in every vLLM process.
 """
 
 from __future__ import annotations
@@ -38,11 +44,15 @@ def _allowed_by_env() -> bool:
 def register() -> None:
     """Register our drafter classes with vLLM's model registry (idempotent).
 
-    A no-op when vLLM is not installed or ``VLLM_PLUGINS`` leaves us out.
+    Defines ``torch.ops.mtpconv.fp8_linear`` first. A no-op when ``VLLM_PLUGINS``
+    leaves us out; without vLLM only the op is defined.
     """
     global _registered
     if _registered or not _allowed_by_env():
         return
+    # Importing the module runs its torch.library definition (once per process).
+    import mtpconv.kernels.op  # noqa: F401
+
     try:
         from vllm import ModelRegistry
         from vllm.logger import init_logger

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import torch
 
 from mtpconv.formats.fp8 import quantize_fp8
@@ -28,3 +32,28 @@ def test_op_compiles_fullgraph_with_dynamic_tokens() -> None:
     for tokens in (1, 3, 17):
         x = torch.randn(tokens, 32)
         assert torch.equal(f(x), fp8_linear(x, w, s, b) * 2)
+
+
+# A fresh interpreter: in this one other tests have already imported the op.
+_REGISTER_PROBE = """
+import sys
+sys.modules["vllm"] = None  # the op must not depend on vLLM being importable
+import torch
+import mtpconv.vllm_plugin as plugin
+before = hasattr(torch.ops.mtpconv, "fp8_linear")
+plugin.register()
+x = torch.ones(2, 4)
+w = torch.ones(3, 4).to(torch.float8_e4m3fn)
+y = torch.ops.mtpconv.fp8_linear(x, w, torch.tensor(0.5), None)
+print(before, hasattr(torch.ops.mtpconv, "fp8_linear"), y.tolist())
+"""
+
+
+def test_plugin_register_defines_the_op_on_cpu() -> None:
+    """vLLM's AOT cache restores graphs naming the op after plugin load: register() defines it."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
+    done = subprocess.run(
+        [sys.executable, "-c", _REGISTER_PROBE], capture_output=True, text=True, env=env, check=True
+    )
+    assert done.stdout.split(maxsplit=2)[:2] == ["False", "True"]
+    assert done.stdout.split(maxsplit=2)[2].strip() == str([[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]])
