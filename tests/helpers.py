@@ -26,7 +26,8 @@ def raw_tensors(directory: Path) -> dict[str, tuple[str, list[int], bytes]]:
     import struct
 
     out = {}
-    for path in sorted(directory.glob("*.safetensors")):
+    # The draft head's own file (mtpconv/) belongs to the checkpoint too.
+    for path in sorted([*directory.glob("*.safetensors"), *directory.glob("mtpconv/*.safetensors")]):
         data = path.read_bytes()
         (n,) = struct.unpack("<Q", data[:8])
         header = json.loads(data[8 : 8 + n])
@@ -38,7 +39,8 @@ def raw_tensors(directory: Path) -> dict[str, tuple[str, list[int], bytes]]:
 
 
 def load_tensor(directory: Path, name: str):  # type: ignore[no-untyped-def]
-    for path in sorted(directory.glob("*.safetensors")):
+    # The draft head's own file (mtpconv/) belongs to the checkpoint too.
+    for path in sorted([*directory.glob("*.safetensors"), *directory.glob("mtpconv/*.safetensors")]):
         with safe_open(str(path), "pt") as f:
             if name in f.keys():  # noqa: SIM118
                 return f.get_tensor(name)
