@@ -78,10 +78,13 @@ def populate_hub_cache(repo_id: str, src: Path, files: Collection[str] | None = 
     snapshot.mkdir(parents=True)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(HUB_COMMIT)
-    for path in sorted(src.iterdir()):
-        if files is not None and path.name not in files:
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):  # the mtpconv/ folder too
+        rel = path.relative_to(src).as_posix()
+        if files is not None and rel not in files:
             continue
         blob = repo / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
         blob.write_bytes(path.read_bytes())
-        (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
+        link = snapshot / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
     return snapshot

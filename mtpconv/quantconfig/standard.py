@@ -92,8 +92,10 @@ def _resolved_target_algo(decl: DeclaredQuant, algo: str, body: Mapping[str, Any
     if algo != "NVFP4" or decl.algo != "NVFP4" or body is None:
         return algo
     groups = body.get("config_groups")
-    if isinstance(groups, dict) and groups and all(
-        isinstance(g, dict) and g.get("input_activations") is None for g in groups.values()
+    if (
+        isinstance(groups, dict)
+        and groups
+        and all(isinstance(g, dict) and g.get("input_activations") is None for g in groups.values())
     ):
         return "W4A16_NVFP4"
     return algo
