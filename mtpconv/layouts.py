@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from mtpconv.checkpoint.safetensors_io import FLOAT_DTYPES, TensorInfo
 from mtpconv.errors import LayoutError
+from mtpconv.formats.fp8 import ScaleLayout
 from mtpconv.names import strip_text_prefix
 
 QWEN35_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
@@ -28,6 +29,16 @@ _NEVER_QUANTIZED = frozenset({"embed_tokens", "gate", "shared_expert_gate", "e_s
 _NOT_LINEAR = _NEVER_QUANTIZED | {"head", "lm_head", "draft_lm_head"}
 _LINEAR_NAME = re.compile(r"(_proj|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_proj)$")
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
+# Drafter linears a family's vLLM MTP class builds as a plain ``torch.nn.Linear`` (no quant
+# config reaches it): stock vLLM cannot load FP8 there, so they stay BF16 (DESIGN §5).
+PLAIN_NN_LINEAR: dict[str, frozenset[str]] = {
+    "deepseek_v3": frozenset({"eh_proj"}),
+    "deepseek_v32": frozenset({"eh_proj"}),
+    "glm4_moe": frozenset({"eh_proj"}),
+    "glm4_moe_lite": frozenset({"eh_proj"}),
+    "kimi_k2": frozenset({"eh_proj"}),
+    "mimo": frozenset({"input_proj"}),
+}
 
 
 class Stored(str, Enum):
@@ -52,11 +63,31 @@ class Linear:
     aux: tuple[str, ...] = ()  # scale tensors that belong to the stored format
 
     @property
+    def is_expert(self) -> bool:
+        """A routed expert (one per-expert module, or a fused 3-D expert tensor)."""
+        return ".experts." in f".{self.module}."
+
+    @property
+    def scale_layout(self) -> ScaleLayout:
+        """Routed experts: 128x128 blocks (vLLM's mixed config runs no per-channel FP8
+        experts); every other linear: one scale per output channel."""
+        return ScaleLayout.BLOCK_128 if self.is_expert else ScaleLayout.PER_CHANNEL
+
+    @property
+    def fused_halves(self) -> bool:
+        """A fused ``experts.gate_up_proj``: its block rows count gate and up apart."""
+        return self.weight.endswith(".experts.gate_up_proj")
+
+    @property
     def fp8_scale_name(self) -> str:
-        """Name of the float32 scale the variant stores next to the FP8 weight."""
+        """Name of the float32 scale the variant stores next to the FP8 weight.
+
+        Block scales are ``weight_scale_inv``: the name vLLM's ``Fp8MoEMethod`` loads.
+        """
+        suffix = "_inv" if self.scale_layout is ScaleLayout.BLOCK_128 else ""
         if self.weight.endswith(".weight"):
-            return self.weight[: -len("weight")] + "weight_scale"
-        return self.weight + "_scale"
+            return self.weight[: -len("weight")] + "weight_scale" + suffix
+        return self.weight + "_scale" + suffix
 
 
 @dataclass
@@ -77,6 +108,8 @@ class MtpLayout:
     vocab_size: int | None
     num_experts: int | None = None
     experts_per_token: int | None = None
+    # drafter linears kept BF16, and why (a plain nn.Linear in the family's vLLM class)
+    kept_bf16: dict[str, str] = field(default_factory=dict)
 
     @property
     def has_drafter(self) -> bool:
@@ -218,12 +251,13 @@ def detect_layout(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo]) 
             family = "unknown"
 
     drafter = [n for n in names if n.startswith(prefixes)]
+    linears, kept = _split_plain(family, _drafter_linears(drafter, tensors))
     layout = MtpLayout(
         family=family,
         model_type=model_type,
         drafter_prefixes=prefixes,
         drafter_tensors=drafter,
-        linears=_drafter_linears(drafter, tensors),
+        linears=linears,
         declared_layers=declared,
         found_layers=_count_layers(family, drafter, n_layers),
         embedding=embedding,
@@ -233,8 +267,21 @@ def detect_layout(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo]) 
         vocab_size=vocab_size_of(config),
         num_experts=_int(tcfg, "num_experts", "n_routed_experts"),
         experts_per_token=_int(tcfg, "num_experts_per_tok"),
+        kept_bf16=kept,
     )
     return layout
+
+
+def _split_plain(family: str, linears: list[Linear]) -> tuple[list[Linear], dict[str, str]]:
+    """The FP8 linears, and those kept BF16 because vLLM builds them as plain nn.Linear."""
+    plain = PLAIN_NN_LINEAR.get(family, frozenset())
+    keep = [lin for lin in linears if lin.module.rsplit(".", 1)[-1] not in plain]
+    kept = {
+        lin.module: f"vLLM's {family} MTP class builds it as a plain nn.Linear (no FP8 possible)"
+        for lin in linears
+        if lin.module.rsplit(".", 1)[-1] in plain
+    }
+    return keep, kept
 
 
 def _deepseek_drafter(names: list[str], n_layers: int | None) -> list[int]:

@@ -17,6 +17,7 @@ verify that a directory is a complete, untampered variant. Schema (version 1)::
       },
       "draft_vocab": null | {"size": K, "file": "mtp_draft_vocab_ids.pt", "sha256": "...",
                               "head_tensor": "mtp.draft_lm_head.weight", "head_dtype": "fp8"|"bf16",
+                              "head_file": "mtpconv/draft_head.safetensors",
                               "coverage": 0.97, "corpus": {...}},
       "quantization_error": {"mtp.fc": {"rel_l2": ..., "max_abs": ..., "amax": ...}, ...},
       "files": {"relative/path": "<sha256>", ...}   # every file of the variant but this one
@@ -42,6 +43,9 @@ from mtpconv.jsonio import read_json, write_text_durably
 MANIFEST_NAME = "mtpconv.json"
 DRAFT_VOCAB_IDS_NAME = "mtp_draft_vocab_ids.pt"
 DRAFT_HEAD_NAME = "mtp.draft_lm_head"
+# The truncated head lives in a subdirectory: vLLM loads only root *.safetensors (of the
+# index's weight_map when there is one), so stock vLLM serves the full head and never sees it.
+DRAFT_HEAD_FILE = "mtpconv/draft_head.safetensors"
 FORMAT_VERSION = 1
 
 
@@ -50,7 +54,12 @@ class DrafterSection:
     prefix: str
     fp8_linears: list[str]
     activation_scheme: str = "dynamic"
-    weight_scheme: str = "per_tensor"
+    weight_scheme: str = "per_tensor"  # the scale *values*: one per tensor (per expert)
+    # how each FP8 linear's scale is stored: "per_channel" [out] | "block_128" (absent: 0-d)
+    scale_layouts: dict[str, str] = field(default_factory=dict)
+    declaration: str = "exclusion"  # "standard": declared FP8 in the quant config; "exclusion"
+    declared_algorithms: dict[str, str] = field(default_factory=dict)  # module -> ModelOpt algo
+    kept_bf16: dict[str, str] = field(default_factory=dict)  # drafter linears left BF16 -> why
 
 
 @dataclass
@@ -62,6 +71,7 @@ class DraftVocabSection:
     head_dtype: str
     coverage: float | None = None
     corpus: dict[str, Any] | None = None
+    head_file: str | None = None  # where the head tensors are (None: in the weights, pre-0.2)
 
 
 @dataclass
@@ -141,6 +151,10 @@ _DRAFTER_TYPES: dict[str, tuple[type, ...]] = {
     "fp8_linears": (list,),
     "activation_scheme": (str,),
     "weight_scheme": (str,),
+    "scale_layouts": (dict,),
+    "declaration": (str,),
+    "declared_algorithms": (dict,),
+    "kept_bf16": (dict,),
 }
 _DRAFT_VOCAB_TYPES: dict[str, tuple[type, ...]] = {
     "size": (int,),
@@ -150,6 +164,7 @@ _DRAFT_VOCAB_TYPES: dict[str, tuple[type, ...]] = {
     "head_dtype": (str,),
     "coverage": (int, float, type(None)),
     "corpus": (dict, type(None)),
+    "head_file": (str, type(None)),
 }
 
 

@@ -121,9 +121,12 @@ def build_model_card(directory: str | os.PathLike[str], manifest: Manifest, repo
         f"vllm serve {repo_id} --speculative-config '{SPECULATIVE_CONFIG}'",
         "```",
         "",
-        "The mtpconv vLLM plugin (installed with the package, loaded automatically) builds the "
-        "FP8 drafter from `mtpconv.json`. Stock vLLM without the plugin refuses this checkpoint "
-        "rather than loading the FP8 drafter as BF16.",
+        "What each engine gets: stock vLLM (no plugin) loads the FP8 drafter through its own "
+        "ModelOpt MIXED_PRECISION support and drafts with the full target head (it never loads "
+        "`mtpconv/draft_head.safetensors`); with the mtpconv vLLM plugin (installed with the "
+        "package, loaded automatically) the drafter also uses the truncated draft head from "
+        "`mtpconv.json`. A stock engine serves this checkpoint correctly or refuses it loudly, "
+        "never silently wrong.",
         "",
         *_license_section(lic, source_repo),
     ]

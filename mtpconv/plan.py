@@ -16,8 +16,9 @@ from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles
 from mtpconv.checkpoint.writer import TensorSpec
 from mtpconv.conversion_options import HeadDtype
 from mtpconv.errors import ConversionError, LayoutError, OutputError, SourceError
+from mtpconv.formats.fp8 import stored_scale_shape
 from mtpconv.layouts import Linear, MtpLayout, Stored
-from mtpconv.manifest import DRAFT_HEAD_NAME, MANIFEST_NAME
+from mtpconv.manifest import DRAFT_HEAD_FILE, DRAFT_HEAD_NAME, MANIFEST_NAME
 
 # Files we write ourselves; everything else of the source is linked or copied.
 OWN_FILES = frozenset({"config.json", "hf_quant_config.json", INDEX_NAME, MANIFEST_NAME})
@@ -67,6 +68,9 @@ class ShardPlan:
     file: str
     action: ShardAction
     tensors: list[OutTensor] = field(default_factory=list)
+    # False for the draft-head file: outside the index and the root glob, so stock
+    # vLLM never loads it (the plugin does, from mtpconv.json).
+    indexed: bool = True
 
     @property
     def out_bytes(self) -> int:
@@ -104,6 +108,11 @@ class ConversionPlan:
         return [s for s in self.shards if s.action is ShardAction.REWRITE]
 
     @property
+    def weight_shards(self) -> list[ShardPlan]:
+        """Rewritten shards of the source (in the index), without the draft-head file."""
+        return [s for s in self.rewritten if s.indexed]
+
+    @property
     def linked(self) -> list[ShardPlan]:
         return [s for s in self.shards if s.action is ShardAction.LINK]
 
@@ -117,10 +126,12 @@ class ConversionPlan:
             "other_files": self.other_files,
             "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after,
+            "kept_bf16": dict(self.layout.kept_bf16),
             "draft_head": None
             if self.draft_head is None
             else {
                 "tensor": self.draft_head.tensor,
+                "file": DRAFT_HEAD_FILE,
                 "rows": self.draft_head.rows,
                 "dtype": self.draft_head.dtype.value,
                 "source_tensor": self.draft_head.source_tensor,
@@ -197,16 +208,11 @@ def build_plan(
     head_plan = None
     if draft_vocab_rows is not None:
         head_plan = _draft_head_plan(files, layout, draft_vocab_rows, draft_head_dtype)
-    # The shard holding the most drafter tensors receives the draft head.
-    drafter_set = set(layout.drafter_tensors)
-    counts = {f: sum(1 for n in h.tensors if n in drafter_set) for f, h in files.shards.items()}
-    head_shard = max(counts, key=lambda f: counts[f])
-
     shards: list[ShardPlan] = []
     for file, header in files.shards.items():
         names = [n for n in header.tensors if files.weight_map.get(n) == file]
         touched = any(n in by_weight or n in dropped_set for n in names)
-        if not touched and not (head_plan and file == head_shard):
+        if not touched:
             shards.append(ShardPlan(file, ShardAction.LINK))
             continue
         plan = ShardPlan(file, ShardAction.REWRITE)
@@ -224,25 +230,22 @@ def build_plan(
             plan.tensors.append(
                 OutTensor(TensorSpec(name, "F8_E4M3", lin.shape), OutKind.FP8_WEIGHT, linear=lin)
             )
-            scale_shape = (lin.shape[0],) if len(lin.shape) == 3 else ()
+            scale_shape = stored_scale_shape(lin.scale_layout, lin.shape, lin.fused_halves)
             plan.tensors.append(
                 OutTensor(TensorSpec(lin.fp8_scale_name, "F32", scale_shape), OutKind.FP8_SCALE, linear=lin)
             )
-        if head_plan and file == head_shard:
-            plan.tensors.append(
-                OutTensor(
-                    TensorSpec(
-                        head_plan.tensor,
-                        "F8_E4M3" if head_plan.dtype is HeadDtype.FP8 else "BF16",
-                        (head_plan.rows, head_plan.hidden),
-                    ),
-                    OutKind.DRAFT_HEAD,
-                )
-            )
-            if head_plan.dtype is HeadDtype.FP8:
-                scale_name = head_plan.tensor[: -len("weight")] + "weight_scale"
-                plan.tensors.append(OutTensor(TensorSpec(scale_name, "F32", ()), OutKind.DRAFT_HEAD_SCALE))
         shards.append(plan)
+    if head_plan:
+        # Its own file in a subdirectory: vLLM globs only the root's *.safetensors (and,
+        # with an index, only files of its weight_map), so stock vLLM never sees it.
+        head_file = ShardPlan(DRAFT_HEAD_FILE, ShardAction.REWRITE, indexed=False)
+        head_dtype = "F8_E4M3" if head_plan.dtype is HeadDtype.FP8 else "BF16"
+        head_spec = TensorSpec(head_plan.tensor, head_dtype, (head_plan.rows, head_plan.hidden))
+        head_file.tensors.append(OutTensor(head_spec, OutKind.DRAFT_HEAD))
+        if head_plan.dtype is HeadDtype.FP8:
+            scale_name = head_plan.tensor[: -len("weight")] + "weight_scale"
+            head_file.tensors.append(OutTensor(TensorSpec(scale_name, "F32", ()), OutKind.DRAFT_HEAD_SCALE))
+        shards.append(head_file)
 
     before = files.total_tensor_bytes
     after = sum(

@@ -22,12 +22,26 @@ from mtpconv.checkpoint.reader import ShardReader
 from mtpconv.checkpoint.source import Source
 from mtpconv.checkpoint.writer import IndexWriter, ShardWriter, link_or_copy, write_json
 from mtpconv.errors import ConversionError, OutputError
-from mtpconv.formats.fp8 import Fp8Tensor, NonFiniteWeightError, QuantError, quantize_fp8_checked
+from mtpconv.formats.fp8 import (
+    Fp8Tensor,
+    NonFiniteWeightError,
+    QuantError,
+    quantize_fp8_checked,
+    stored_scale,
+)
 from mtpconv.formats.nvfp4 import dequantize_nvfp4
 from mtpconv.jsonio import dumps_json
 from mtpconv.layouts import Linear, Stored, module_of
-from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, DrafterSection, DraftVocabSection, Manifest, write_manifest
+from mtpconv.manifest import (
+    DRAFT_HEAD_FILE,
+    DRAFT_VOCAB_IDS_NAME,
+    DrafterSection,
+    DraftVocabSection,
+    Manifest,
+    write_manifest,
+)
 from mtpconv.plan import ConversionPlan, OutKind, OutTensor, ShardAction, ShardPlan
+from mtpconv.quantconfig.standard import DrafterDeclaration
 
 
 class Progress(Protocol):
@@ -47,6 +61,7 @@ class VariantInputs:
     plan: ConversionPlan
     config: dict[str, Any]  # the variant's config.json
     hf_quant_config: dict[str, Any] | None  # the variant's hf_quant_config.json (None: no such file)
+    declaration: DrafterDeclaration | None = None  # how those configs declare the drafter
     device: torch.device
     copy: bool = False  # copy untouched files instead of hard-linking them
     draft_ids: torch.Tensor | None = None  # the draft vocab's token ids, when there is one
@@ -134,7 +149,9 @@ class ShardJob:
 
     def run(self, files: CheckpointFiles, shard: ShardPlan, out: Path) -> str:
         """Write ``shard`` to ``out``; return the file's sha256."""
-        writer = ShardWriter(out, [t.spec for t in shard.tensors], files.shards[shard.file].metadata)
+        source = files.shards.get(shard.file)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        writer = ShardWriter(out, [t.spec for t in shard.tensors], source.metadata if source else {})
         try:
             for t in shard.tensors:
                 self._write(writer, t)
@@ -160,6 +177,9 @@ class ShardJob:
                 _FP8_PARTS[t.kind],
                 lambda: _quantize(lin.weight, _source_weight(self.reader, lin), self.device),
             )
+            if t.kind is OutKind.FP8_SCALE:
+                # The per-tensor value, replicated into the declared layout (DESIGN §5).
+                part = stored_scale(part, lin.scale_layout, lin.shape, lin.fused_halves)
             writer.write_tensor(name, part)
         elif t.kind in (OutKind.DRAFT_HEAD, OutKind.DRAFT_HEAD_SCALE):
             assert self.head is not None
@@ -204,7 +224,12 @@ def write_variant(directory: Path, inputs: VariantInputs) -> WrittenVariant:
         source={**source.describe(), "files": weights.source_digests},
         family=plan.layout.family,
         drafter=DrafterSection(
-            prefix=plan.layout.drafter_prefixes[0], fp8_linears=[lin.module for lin in plan.linears]
+            prefix=plan.layout.drafter_prefixes[0],
+            fp8_linears=[lin.module for lin in plan.linears],
+            scale_layouts={lin.module: lin.scale_layout.value for lin in plan.linears},
+            declaration=inputs.declaration.style.value if inputs.declaration else "exclusion",
+            declared_algorithms=dict(inputs.declaration.algos) if inputs.declaration else {},
+            kept_bf16=dict(plan.layout.kept_bf16),
         ),
         draft_vocab=draft_section,
         quantization_error={
@@ -267,9 +292,11 @@ def _write_weights(directory: Path, inputs: VariantInputs) -> _Weights:
                 linked = files.shard_tensors(shard.file)
                 out.index.add(shard.file, ((n, t.nbytes) for n, t in linked.items()))
                 continue
-            source_digests[shard.file] = pool.submit(file_digest, root / shard.file, root)
+            if shard.indexed:
+                source_digests[shard.file] = pool.submit(file_digest, root / shard.file, root)
             out.digests[shard.file] = job.run(files, shard, directory / shard.file)
-            out.index.add(shard.file, ((t.spec.name, t.spec.nbytes) for t in shard.tensors))
+            if shard.indexed:
+                out.index.add(shard.file, ((t.spec.name, t.spec.nbytes) for t in shard.tensors))
         out.errors = job.errors
         _wait_for_hashes(hashes, root, progress)
         # The model card is the publisher's to replace (`mtpconv publish` generates one),
@@ -298,6 +325,7 @@ def _write_draft_ids(
         sha256=digests[DRAFT_VOCAB_IDS_NAME],
         head_tensor=head.tensor,
         head_dtype=head.dtype.value,
+        head_file=DRAFT_HEAD_FILE,
         coverage=inputs.vocab_meta.get("coverage"),
         corpus=inputs.vocab_meta.get("corpus"),
     )
@@ -318,7 +346,7 @@ def verify_output(directory: Path, plan: ConversionPlan) -> None:
     """Reopen what was written: every planned tensor exactly once, index exact."""
     out = load_checkpoint_files(directory)
     expected: set[str] = set()
-    for shard in plan.rewritten:
+    for shard in plan.weight_shards:
         expected.update(t.spec.name for t in shard.tensors)
     for shard in plan.linked:
         expected.update(out.shards[shard.file].tensors)
@@ -334,6 +362,9 @@ def verify_output(directory: Path, plan: ConversionPlan) -> None:
         total = out.index_metadata.get("total_size")
         if total != out.total_tensor_bytes:
             problems.append(f"index total_size {total} != {out.total_tensor_bytes}")
+    for shard in plan.rewritten:
+        if not shard.indexed and not (directory / shard.file).is_file():
+            problems.append(f"{shard.file} is missing")
     if problems:
         raise OutputError(
             f"the written variant failed verification ({'; '.join(problems)}); "

@@ -26,7 +26,8 @@ def raw_tensors(directory: Path) -> dict[str, tuple[str, list[int], bytes]]:
     import struct
 
     out = {}
-    for path in sorted(directory.glob("*.safetensors")):
+    # The draft head's own file (mtpconv/) belongs to the checkpoint too.
+    for path in sorted([*directory.glob("*.safetensors"), *directory.glob("mtpconv/*.safetensors")]):
         data = path.read_bytes()
         (n,) = struct.unpack("<Q", data[:8])
         header = json.loads(data[8 : 8 + n])
@@ -38,7 +39,8 @@ def raw_tensors(directory: Path) -> dict[str, tuple[str, list[int], bytes]]:
 
 
 def load_tensor(directory: Path, name: str):  # type: ignore[no-untyped-def]
-    for path in sorted(directory.glob("*.safetensors")):
+    # The draft head's own file (mtpconv/) belongs to the checkpoint too.
+    for path in sorted([*directory.glob("*.safetensors"), *directory.glob("mtpconv/*.safetensors")]):
         with safe_open(str(path), "pt") as f:
             if name in f.keys():  # noqa: SIM118
                 return f.get_tensor(name)
@@ -76,10 +78,13 @@ def populate_hub_cache(repo_id: str, src: Path, files: Collection[str] | None = 
     snapshot.mkdir(parents=True)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(HUB_COMMIT)
-    for path in sorted(src.iterdir()):
-        if files is not None and path.name not in files:
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):  # the mtpconv/ folder too
+        rel = path.relative_to(src).as_posix()
+        if files is not None and rel not in files:
             continue
         blob = repo / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
         blob.write_bytes(path.read_bytes())
-        (snapshot / path.name).symlink_to(os.path.relpath(blob, snapshot))
+        link = snapshot / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
     return snapshot

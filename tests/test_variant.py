@@ -37,30 +37,38 @@ def _check_variant(src: Path, dst: Path) -> None:
         elif module in fp8 and (name.endswith(".weight") or name == module):
             q_dtype, q_shape, _ = after[name]
             assert q_dtype == "F8_E4M3"
-            scale_name = f"{module}.weight_scale" if name.endswith(".weight") else f"{name}_scale"
+            # Routed experts: 128x128 block scales under vLLM's block-MoE name; the rest
+            # one scale per output channel (DESIGN §5: the per-tensor value, replicated).
+            inv = "_inv" if ".experts." in f"{module}." else ""
+            scale_name = f"{module}.weight_scale{inv}" if name.endswith(".weight") else f"{name}_scale{inv}"
             assert after[scale_name][0] == "F32"
-            if dtype == "BF16" and len(shape) == 2:
-                assert after[scale_name][1] == []
+            if dtype == "BF16" and len(shape) == 2 and not inv:
+                assert after[scale_name][1] == [shape[0]]
                 assert q_shape == shape
                 w = load_tensor(src, name).float()
                 scale = w.abs().max() / 448.0
                 expected = (w / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
                 got = load_tensor(dst, name)
                 assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8)), name
-                assert float(load_tensor(dst, f"{module}.weight_scale")) == float(scale)
+                stored = load_tensor(dst, f"{module}.weight_scale")
+                assert torch.equal(stored, torch.full((shape[0],), float(scale)))
         elif module in fp8:
             assert name not in after  # NVFP4 scales are dropped
         else:
             assert after[name] == (dtype, shape, data), f"{name} (norm/router) changed"
     # nothing unexpected was added
     added = set(after) - set(before)
-    assert all(n.endswith(("weight_scale", "_proj_scale")) or "draft_lm_head" in n for n in added)
+    assert all(
+        n.endswith(("weight_scale", "weight_scale_inv", "_proj_scale_inv")) or "draft_lm_head" in n
+        for n in added
+    )
     # index exact
     index_path = dst / "model.safetensors.index.json"
     if index_path.exists():
         index = json.loads(index_path.read_text())
-        assert set(index["weight_map"]) == set(after)
-        assert index["metadata"]["total_size"] == sum(len(v[2]) for v in after.values())
+        indexed = {k: v for k, v in after.items() if "draft_lm_head" not in k}  # head: own file
+        assert set(index["weight_map"]) == set(indexed)
+        assert index["metadata"]["total_size"] == sum(len(v[2]) for v in indexed.values())
     assert verify_files(dst, manifest) == []
 
 
@@ -76,12 +84,17 @@ def test_nvfp4_vlm_moe_variant(nvfp4_vlm_moe: Path, tmp_path: Path) -> None:
     for shard in report.plan.linked:
         assert os.stat(dst / shard.file).st_ino == os.stat(src / shard.file).st_ino
     assert [s.file for s in report.plan.rewritten] == ["model-00003-of-00003.safetensors"]
-    # configs: the whole drafter is excluded, nothing else changed
+    # configs (standard variant, DESIGN §5): MIXED_PRECISION, the drafter declared FP8,
+    # every target module as the source resolved it (W4A16: no input activations declared)
     before, after = load_quant_configs(src), load_quant_configs(dst)
     decl = declared_quant(after)
     for module in read_manifest(dst).drafter.fp8_linears:  # type: ignore[union-attr]
-        assert declared_algorithm(decl, module) is None
-    assert declared_algorithm(decl, "model.language_model.layers.0.self_attn.q_proj") == "NVFP4"
+        expected = "FP8_PB_WO" if ".experts." in module else "FP8_PER_CHANNEL_PER_TOKEN"
+        assert declared_algorithm(decl, module) == expected
+    assert declared_algorithm(decl, "model.language_model.layers.0.self_attn.q_proj") == "W4A16_NVFP4"
+    assert after.config["quantization_config"]["quant_algo"] == "MIXED_PRECISION"
+    assert "quantization" not in after.config["quantization_config"]  # vLLM's flat form
+    assert after.hf_quant is not None and after.hf_quant["quantization"]["quant_algo"] == "MIXED_PRECISION"
     assert list(after.config) == list(before.config)
     for key in before.config:
         if key != "quantization_config":
@@ -99,10 +112,14 @@ def test_bf16_single_file(bf16_next: Path, tmp_path: Path) -> None:
     quantize_mtp(str(bf16_next), dst, device="cpu")
     assert tree_digest(bf16_next) == digest
     _check_variant(bf16_next, dst)
-    assert not (dst / "hf_quant_config.json").exists()
+    # A BF16 source: a declaration that lists only the drafter's FP8 linears, in both files.
     cfg = json.loads((dst / "config.json").read_text())
-    assert "quantization_config" not in cfg
-    assert cfg == json.loads((bf16_next / "config.json").read_text())
+    layers = cfg["quantization_config"]["quantized_layers"]
+    assert set(layers) == set(read_manifest(dst).drafter.fp8_linears)  # type: ignore[union-attr]
+    hf_quant = json.loads((dst / "hf_quant_config.json").read_text())
+    assert hf_quant["quantization"]["quantized_layers"] == layers
+    cfg.pop("quantization_config")
+    assert cfg == json.loads((bf16_next / "config.json").read_text())  # nothing else changed
     assert not (dst / "model.safetensors.index.json").exists()
 
 
@@ -130,9 +147,10 @@ def test_fused_experts_scale_per_expert(tmp_path: Path) -> None:
     dst = tmp_path / "dst"
     quantize_mtp(str(src), dst, device="cpu")
     w = load_tensor(src, "mtp.layers.0.mlp.experts.gate_up_proj").float()
-    scale = load_tensor(dst, "mtp.layers.0.mlp.experts.gate_up_proj_scale")
-    assert scale.shape == (4,)
-    assert torch.equal(scale, w.abs().amax(dim=(1, 2)) / 448.0)
+    scale = load_tensor(dst, "mtp.layers.0.mlp.experts.gate_up_proj_scale_inv")
+    # [E, 2 * ceil(I/128), ceil(H/128)]: gate blocks then up blocks, the per-expert value replicated.
+    assert scale.shape == (4, 2, 1)
+    assert torch.equal(scale, (w.abs().amax(dim=(1, 2)) / 448.0).reshape(4, 1, 1).expand(4, 2, 1))
     _check_variant(src, dst)
 
 

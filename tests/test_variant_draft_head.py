@@ -59,8 +59,14 @@ def test_fp8_head_within_fp8_error(tmp_path: Path) -> None:
     assert torch.equal(q.view(torch.uint8), expected.weight.view(torch.uint8))
     back = dequantize_fp8(q, scale)
     assert float((back - rows).abs().max()) <= float(rows.abs().max()) / 16  # e4m3: 3 mantissa bits
+    # The head has its own file, outside the index: stock vLLM never loads it.
     index = json.loads((dst / "model.safetensors.index.json").read_text())
-    assert "mtp.draft_lm_head.weight_scale" in index["weight_map"]
+    assert not any("draft_lm_head" in n for n in index["weight_map"])
+    assert "draft_head" not in " ".join(index["weight_map"].values())
+    manifest = read_manifest(dst)
+    assert manifest is not None and manifest.draft_vocab is not None
+    assert manifest.draft_vocab.head_file == "mtpconv/draft_head.safetensors"
+    assert (dst / manifest.draft_vocab.head_file).is_file()
 
 
 def test_tied_embeddings_and_nvfp4_head(tmp_path: Path) -> None:

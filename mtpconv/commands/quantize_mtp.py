@@ -29,11 +29,12 @@ from mtpconv.conversion_options import Device, HeadDtype
 from mtpconv.errors import ConversionError, interruptible
 from mtpconv.formats.fp8 import QuantError
 from mtpconv.jsonio import read_json
-from mtpconv.layouts import MtpLayout, detect_layout, module_of
+from mtpconv.layouts import MtpLayout, detect_layout, linear_modules, module_of, text_config
 from mtpconv.manifest import read_manifest
 from mtpconv.plan import ConversionPlan, build_plan, check_destination
 from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
-from mtpconv.quantconfig.rewrite import variant_configs
+from mtpconv.quantconfig.rewrite import RewrittenConfigs
+from mtpconv.quantconfig.standard import DrafterDeclaration, standard_configs
 from mtpconv.variant import Progress, VariantInputs, write_variant
 
 
@@ -51,6 +52,7 @@ class ConversionReport:
     copied: int = 0
     seconds: float = 0.0
     draft_vocab_size: int | None = None
+    declaration: DrafterDeclaration | None = None
 
     @property
     def max_rel_l2(self) -> float:
@@ -72,6 +74,13 @@ class ConversionReport:
             "copied_files": self.copied,
             "seconds": round(self.seconds, 3),
             "draft_vocab_size": self.draft_vocab_size,
+            "drafter_declaration": None
+            if self.declaration is None
+            else {
+                "style": self.declaration.style.value,
+                "reason": self.declaration.reason,
+                "algorithms": self.declaration.algos,
+            },
         }
 
 
@@ -93,6 +102,26 @@ def _drafter_modules(layout: MtpLayout, plan: ConversionPlan) -> list[str]:
     if plan.draft_head is not None:
         mods.add(module_of(plan.draft_head.tensor))
     return sorted(mods)
+
+
+def variant_declaration(
+    configs: QuantConfigs, files: CheckpointFiles, layout: MtpLayout, plan: ConversionPlan
+) -> tuple[RewrittenConfigs, DrafterDeclaration]:
+    """The variant's quant configs: the FP8 drafter in the source's dialect (DESIGN §5)."""
+    drafter = _drafter_modules(layout, plan)
+    drafter_set = set(drafter)
+    all_modules = {module_of(n) for n in files.tensors} | drafter_set
+    targets = [m for m in linear_modules(files.tensors) if m not in drafter_set]
+    return standard_configs(
+        configs,
+        fp8_linears=plan.linears,
+        drafter_modules=drafter,
+        target_linears=targets,
+        all_modules=all_modules,
+        family=layout.family,
+        num_layers=text_config(configs.config).get("num_hidden_layers"),
+        mla="kv_lora_rank" in text_config(configs.config),
+    )
 
 
 def _load(
@@ -163,9 +192,8 @@ def quantize_mtp(
         draft_vocab_rows=None if ids is None else int(ids.numel()),
         draft_head_dtype=draft_head_dtype,
     )
-    drafter = _drafter_modules(layout, plan)
-    all_modules = {module_of(n) for n in files.tensors} | set(drafter)
-    new_hf_quant, new_config = variant_configs(configs, drafter, all_modules).documents
+    rewritten, declaration = variant_declaration(configs, files, layout, plan)
+    new_hf_quant, new_config = rewritten.documents
     report = ConversionReport(
         source=source_spec,
         destination=str(dst_path),
@@ -173,6 +201,7 @@ def quantize_mtp(
         dry_run=dry_run,
         device=str(dev),
         draft_vocab_size=None if ids is None else int(ids.numel()),
+        declaration=declaration,
     )
     if dry_run:
         return report
@@ -182,6 +211,7 @@ def quantize_mtp(
         plan=plan,
         config=new_config,
         hf_quant_config=new_hf_quant,
+        declaration=declaration,
         device=dev,
         copy=copy,
         draft_ids=ids,

@@ -3,12 +3,16 @@
 Contract (DESIGN §5): ``scale = max(amax, tiny) / 448`` in float32,
 ``q = clamp(W / scale, -448, 448)`` rounded to nearest e4m3. A 2-D weight gets a
 0-d float32 scale; a fused 3-D expert tensor ``[E, out, in]`` gets one scale per
-expert (``[E]``).
+expert (``[E]``). :func:`stored_scale` lays that value out as the declared format
+needs it (one per output channel, one per 128x128 block): replicated, so the
+stored FP8 bytes and the weights they dequantize to stay exactly those of the
+per-tensor quantization.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 import torch
@@ -47,6 +51,48 @@ def _div_fp8_max(amax: torch.Tensor) -> torch.Tensor:
     # A 0-d tensor divisor, not a Python float: CUDA turns `t / 448.0` into a multiply by
     # the reciprocal (last-bit differences from the CPU); tensor / tensor divides exactly.
     return amax / torch.tensor(FP8_MAX, dtype=torch.float32, device=amax.device)
+
+
+BLOCK = 128  # the block edge of vLLM's FP8_PB_WO / FP8_BLOCK_SCALES (weight_block_size)
+
+
+class ScaleLayout(str, Enum):
+    """How a drafter linear's per-tensor scale is stored (DESIGN §5)."""
+
+    PER_CHANNEL = "per_channel"  # float32 [out]: ModelOpt FP8_PER_CHANNEL_PER_TOKEN
+    BLOCK_128 = "block_128"  # float32 [ceil(out/128), ceil(in/128)] (per expert): FP8_PB_WO
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def stored_scale_shape(
+    layout: ScaleLayout, shape: tuple[int, ...], fused_halves: bool = False
+) -> tuple[int, ...]:
+    """The stored scale's shape for a weight of ``shape`` ([out, in] or [E, out, in]).
+
+    ``fused_halves``: a fused ``gate_up_proj`` [E, 2I, H] whose block rows are counted
+    per half (gate blocks, then up blocks), as vLLM's fused-MoE loader splits it.
+    """
+    *lead, out, inp = shape
+    if layout is ScaleLayout.PER_CHANNEL:
+        return (*lead, out)
+    if fused_halves:
+        if out % 2:
+            raise ValueError(f"a fused gate_up weight needs an even row count, got {out}")
+        return (*lead, 2 * -(-(out // 2) // BLOCK), -(-inp // BLOCK))
+    return (*lead, -(-out // BLOCK), -(-inp // BLOCK))
+
+
+def stored_scale(
+    scale: torch.Tensor, layout: ScaleLayout, shape: tuple[int, ...], fused_halves: bool = False
+) -> torch.Tensor:
+    """The per-tensor (0-d) or per-expert ([E]) ``scale`` replicated into ``layout``."""
+    target = stored_scale_shape(layout, shape, fused_halves)
+    s = scale.to(torch.float32)
+    lead = len(shape) - 2
+    s = s.reshape(*s.shape[:lead], *([1] * (len(target) - lead)))
+    return s.expand(target).contiguous()
 
 
 def _broadcast(scale: torch.Tensor, ndim: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -23,8 +24,10 @@ from vllm.distributed import tensor_model_parallel_all_gather
 from vllm.logger import init_logger
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.utils import maybe_prefix, sequence_parallel_chunk
 
+from mtpconv.errors import ManifestError
 from mtpconv.vllm_plugin.quant import DrafterQuantConfig, DraftHeadQuantConfig
 from mtpconv.vllm_plugin.settings import DrafterSettings, drafter_settings
 
@@ -94,7 +97,9 @@ class MtpconvDrafterMixin:
             self.draft_logits_processor = None
             return
         base = vllm_config.quant_config
-        cfg = DrafterQuantConfig(base, settings.fp8_modules, type(self).packed_modules_mapping)
+        cfg = DrafterQuantConfig(
+            base, settings.fp8_modules, type(self).packed_modules_mapping, settings.scale_layouts
+        )
         with _drafter_quant_config(vllm_config, cfg):
             super().__init__(vllm_config=vllm_config, prefix=prefix)  # type: ignore[call-arg]
         self.quant_config = base
@@ -164,8 +169,36 @@ class MtpconvDrafterMixin:
         return ids[local]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """vLLM's loading; the draft head's tensors are skipped when it is switched off."""
-        if self.mtpconv is not None and self.draft_logits_processor is None:
+        """vLLM's loading; then the draft head from its own file (outside what vLLM loads).
+
+        Draft-head tensors in the weight stream (variants from before the head had its
+        own file) load with the rest, or are skipped when the head is switched off.
+        """
+        settings = self.mtpconv
+        if settings is not None and (self.draft_logits_processor is None or settings.head is None):
             weights = ((n, w) for n, w in weights if f".{DRAFT_HEAD_ATTR}." not in f".{n}")
         loaded: set[str] = super().load_weights(weights)  # type: ignore[misc]
+        if settings is not None and settings.head is not None and settings.head.file is not None:
+            loaded |= self._load_draft_head(settings.head.file)
+        return loaded
+
+    def _load_draft_head(self, path: Path) -> set[str]:
+        """Load ``mtp.draft_lm_head.*`` from the head's file into ``model.draft_lm_head``."""
+        from safetensors import safe_open
+
+        module = getattr(self.model, DRAFT_HEAD_ATTR)
+        params = dict(module.named_parameters())
+        loaded: set[str] = set()
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118  (safe_open is not a dict)
+                attr = name.rsplit(f"{DRAFT_HEAD_ATTR}.", 1)[-1]
+                param = params.get(attr)
+                if param is None:
+                    raise ManifestError(f"{path}: {name} is not a parameter of the draft head.")
+                loader = getattr(param, "weight_loader", default_weight_loader)
+                loader(param, f.get_tensor(name))
+                loaded.add(f"model.{DRAFT_HEAD_ATTR}.{attr}")
+        missing = set(params) - {n.rsplit(".", 1)[-1] for n in loaded}
+        if missing:
+            raise ManifestError(f"{path} lacks the draft head's {sorted(missing)}; re-run quantize-mtp.")
         return loaded

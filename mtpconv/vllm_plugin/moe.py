@@ -1,7 +1,9 @@
 """FP8 routed experts of an MoE drafter.
 
 Each expert's ``gate_proj``/``up_proj``/``down_proj`` is stored FP8 with its own
-0-d scale (DESIGN §5). On CUDA, vLLM's own ``Fp8MoEMethod`` serves that format
+per-tensor scale (DESIGN §5): 0-d (older variants) or replicated into 128x128
+blocks as ``weight_scale_inv`` (the standard variant, the layout vLLM's block
+``Fp8MoEMethod`` loads). On CUDA, vLLM's own ``Fp8MoEMethod`` serves that format
 (per-tensor scales, dynamic activations). On CPU, vLLM's FP8 MoE kernels need
 AMX, so :class:`Fp8ExpertsLoopMethod` runs the routed experts one by one on the
 same FP8 kernels as the drafter's linears (:mod:`mtpconv.vllm_plugin.kernels`):
@@ -34,21 +36,35 @@ def is_routed_experts(layer: torch.nn.Module) -> bool:
     return cls is not None and isinstance(layer, cls)
 
 
-def fp8_experts_method(layer: Any, prefix: str) -> QuantizeMethodBase:
-    """The FP8 method for an MoE drafter's routed experts on this platform."""
+def fp8_experts_method(layer: Any, prefix: str, block: bool = False) -> QuantizeMethodBase:
+    """The FP8 method for an MoE drafter's routed experts on this platform
+    (``block``: scales stored as 128x128 ``weight_scale_inv``)."""
     if current_platform.is_cuda_alike():
         from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 
-        method = Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="dynamic").get_quant_method(
-            layer, prefix
-        )
+        method = Fp8Config(
+            is_checkpoint_fp8_serialized=True,
+            activation_scheme="dynamic",
+            weight_block_size=[BLOCK, BLOCK] if block else None,
+        ).get_quant_method(layer, prefix)
         assert method is not None
         return method
-    return Fp8ExpertsLoopMethod(layer.moe_config)
+    return Fp8ExpertsLoopMethod(layer.moe_config, block=block)
+
+
+BLOCK = 128
+
+
+def _blocks(n: int) -> int:
+    return -(-n // BLOCK)
 
 
 class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
     """FP8 routed experts (per-expert, per-projection scales), one expert at a time."""
+
+    def __init__(self, moe: Any, block: bool = False) -> None:
+        super().__init__(moe)
+        self.block = block
 
     def create_weights(
         self,
@@ -71,22 +87,38 @@ class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
         for name, p in (("w13_weight", w13), ("w2_weight", w2)):
             layer.register_parameter(name, p)
             set_weight_attrs(p, extra_weight_attrs)
-        # One scale per expert for gate (w1) and up (w3), one for down (w2).
-        s13 = torch.nn.Parameter(
-            torch.full((num_experts, 2), _UNSET, dtype=torch.float32), requires_grad=False
-        )
-        s2 = torch.nn.Parameter(torch.full((num_experts,), _UNSET, dtype=torch.float32), requires_grad=False)
-        for name, p in (("w13_weight_scale", s13), ("w2_weight_scale", s2)):
+        if self.block:
+            # The per-tensor values replicated into 128x128 blocks (gate blocks, then up).
+            shapes: tuple[tuple[int, ...], tuple[int, ...]] = (
+                (num_experts, 2 * _blocks(inter), _blocks(hidden_size)),
+                (num_experts, _blocks(hidden_size), _blocks(inter)),
+            )
+            names, kind = ("w13_weight_scale_inv", "w2_weight_scale_inv"), FusedMoeWeightScaleSupported.BLOCK
+        else:
+            # One scale per expert for gate (w1) and up (w3), one for down (w2).
+            shapes = ((num_experts, 2), (num_experts,))
+            names, kind = ("w13_weight_scale", "w2_weight_scale"), FusedMoeWeightScaleSupported.TENSOR
+        for name, shape in zip(names, shapes, strict=True):
+            p = torch.nn.Parameter(torch.full(shape, _UNSET, dtype=torch.float32), requires_grad=False)
             layer.register_parameter(name, p)
             set_weight_attrs(p, extra_weight_attrs)
-            set_weight_attrs(p, {"quant_method": FusedMoeWeightScaleSupported.TENSOR.value})
+            set_weight_attrs(p, {"quant_method": kind.value})
+
+    def _scales(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per expert: ``[E, 2]`` (gate, up) and ``[E]`` (down) per-tensor values."""
+        if not self.block:
+            return layer.w13_weight_scale.data, layer.w2_weight_scale.data
+        s13, s2 = layer.w13_weight_scale_inv.data, layer.w2_weight_scale_inv.data
+        half = s13.shape[1] // 2
+        return torch.stack([s13[:, 0, 0], s13[:, half, 0]], dim=1), s2[:, 0, 0]
 
     def get_fused_moe_quant_config(self, layer: Any) -> FusedMoEQuantConfig | None:
         return FusedMoEQuantConfig.make()
 
     def process_weights_after_loading(self, layer: Any) -> None:
-        s13, s2 = layer.w13_weight_scale.data, layer.w2_weight_scale.data
-        if bool((s13 == _UNSET).any()) or bool((s2 == _UNSET).any()):
+        s13, s2 = self._scales(layer)
+        stored = [p.data for n, p in layer.named_parameters(recurse=False) if "_scale" in n]
+        if any(bool((t == _UNSET).any()) for t in stored):
             raise ManifestError(
                 f"{getattr(layer, 'layer_name', 'experts')}: mtpconv.json lists the "
                 "experts as FP8 but some have no weight_scale; re-run "

@@ -28,7 +28,11 @@ from vllm.model_executor.layers.quantization.base_config import (
     QuantizeMethodBase,
 )
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScaleParameter
+from vllm.model_executor.parameter import (
+    ChannelQuantScaleParameter,
+    ModelWeightParameter,
+    PerTensorScaleParameter,
+)
 from vllm.model_executor.utils import set_weight_attrs
 
 from mtpconv.errors import ManifestError
@@ -66,7 +70,12 @@ def _kernel_of(layer: Any) -> PreparedFp8:
 
 @_mark_weight_loader_v2
 class Fp8DrafterLinearMethod(LinearMethodBase):
-    """FP8 e4m3 weight, per-shard float32 scale, dynamic activations."""
+    """FP8 e4m3 weight, dynamic activations; the scale as stored: one per output
+    channel (``weight_scale [out]``, the standard variant) or one per fused shard."""
+
+    def __init__(self, per_channel: bool = False) -> None:
+        super().__init__()
+        self.per_channel = per_channel
 
     def create_weights(
         self,
@@ -90,16 +99,27 @@ class Fp8DrafterLinearMethod(LinearMethodBase):
             weight_loader=loader,
         )
         layer.register_parameter("weight", weight)
-        scale = PerTensorScaleParameter(
-            data=torch.full((len(output_partition_sizes),), _UNSET, dtype=torch.float32),
-            weight_loader=loader,
-        )
-        set_weight_attrs(scale, {"scale_type": "weight_scale"})
+        scale: torch.nn.Parameter
+        if self.per_channel:
+            scale = ChannelQuantScaleParameter(
+                data=torch.full((sum(output_partition_sizes),), _UNSET, dtype=torch.float32),
+                output_dim=0,
+                weight_loader=loader,
+            )
+        else:
+            scale = PerTensorScaleParameter(
+                data=torch.full((len(output_partition_sizes),), _UNSET, dtype=torch.float32),
+                weight_loader=loader,
+            )
+            set_weight_attrs(scale, {"scale_type": "weight_scale"})
         layer.register_parameter("weight_scale", scale)
 
     def process_weights_after_loading(self, layer: Any) -> None:
         _check_scales_loaded(layer, layer.weight_scale.data)
-        rows = row_scales(layer.weight_scale.data, layer.logical_widths)
+        if self.per_channel:
+            rows = layer.weight_scale.data.to(torch.float32).reshape(-1)
+        else:
+            rows = row_scales(layer.weight_scale.data, layer.logical_widths)
         prepared = PreparedFp8(layer.weight.data, rows)
         setattr(layer, "mtpconv_fp8", prepared)  # noqa: B010  (not a Module attribute)
         # The layer keeps exactly one copy of the FP8 weight: the kernel's layout.
@@ -173,10 +193,12 @@ class DrafterQuantConfig(QuantizationConfig):
         base: QuantizationConfig | None,
         fp8_modules: frozenset[str],
         packed_modules_mapping: dict[str, list[str]],
+        scale_layouts: dict[str, str] | None = None,
     ):
         super().__init__()
         self.base = base
         self.fp8_modules = fp8_modules
+        self.scale_layouts = dict(scale_layouts or {})  # "mtp.…" module -> stored layout
         self.packed_modules_mapping = dict(packed_modules_mapping)
 
     def get_name(self) -> Any:
@@ -202,7 +224,13 @@ class DrafterQuantConfig(QuantizationConfig):
             names = checkpoint_names(prefix, self.packed_modules_mapping)
             listed = [n in self.fp8_modules for n in names]
             if names and all(listed):
-                return Fp8DrafterLinearMethod()
+                layouts = {self.scale_layouts.get(n) for n in names}
+                if len(layouts) > 1:
+                    raise ManifestError(
+                        f"{prefix}: mtpconv.json stores the scales of {names} in different layouts "
+                        f"{sorted(map(str, layouts))}; re-run `mtpconv quantize-mtp`."
+                    )
+                return Fp8DrafterLinearMethod(per_channel=layouts == {"per_channel"})
             if any(listed):
                 raise ManifestError(
                     f"{prefix}: mtpconv.json lists only some of {names} as FP8; "
@@ -230,7 +258,8 @@ def _fp8_experts_method(cfg: DrafterQuantConfig, layer: Any, prefix: str) -> Qua
     base = names[0] + "."
     if not any(m.startswith(base) for m in cfg.fp8_modules):
         return None
-    return moe.fp8_experts_method(layer, prefix)
+    block = any(cfg.scale_layouts.get(m) == "block_128" for m in cfg.fp8_modules if m.startswith(base))
+    return moe.fp8_experts_method(layer, prefix, block=block)
 
 
 class DraftHeadQuantConfig(DrafterQuantConfig):

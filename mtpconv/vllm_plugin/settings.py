@@ -8,7 +8,7 @@ comparisons. No vLLM import here: this module is plain file handling.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,6 +29,7 @@ class DraftHeadSettings:
 
     ids: torch.Tensor  # 1-D int64, sorted ascending
     dtype: str  # "fp8" | "bf16"
+    file: Path | None = None  # the head's own safetensors file (None: in the weights)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class DrafterSettings:
     manifest: Manifest
     fp8_modules: frozenset[str]  # normalized "mtp.…" module names, no ".weight"
     head: DraftHeadSettings | None
+    scale_layouts: dict[str, str] = field(default_factory=dict)  # "mtp.…" -> stored scale layout
 
 
 def resolve_model_dir(model: str, revision: str | None = None) -> Path | None:
@@ -133,6 +135,17 @@ def drafter_settings(model: str, revision: str | None, vocab_size: int) -> Draft
         ids = load_draft_ids(ids_path, dv.sha256, vocab_size)
         if ids.numel() != dv.size:
             raise ManifestError(f"{ids_path} holds {ids.numel()} ids, {MANIFEST_NAME} says {dv.size}.")
-        head = DraftHeadSettings(ids=ids, dtype=dv.head_dtype)
+        head_file = None
+        if dv.head_file is not None:
+            head_file = _ensure_file(model_dir, model, dv.head_file, revision)
+            if not head_file.is_file():
+                raise ManifestError(
+                    f"{head_file} is listed in {MANIFEST_NAME} but missing; copy the whole variant "
+                    "(its mtpconv/ folder too) or re-run `mtpconv quantize-mtp`."
+                )
+        head = DraftHeadSettings(ids=ids, dtype=dv.head_dtype, file=head_file)
     fp8 = frozenset(drafter_name(n) for n in manifest.drafter.fp8_linears)
-    return DrafterSettings(model_dir=model_dir, manifest=manifest, fp8_modules=fp8, head=head)
+    layouts = {drafter_name(n): v for n, v in manifest.drafter.scale_layouts.items()}
+    return DrafterSettings(
+        model_dir=model_dir, manifest=manifest, fp8_modules=fp8, head=head, scale_layouts=layouts
+    )

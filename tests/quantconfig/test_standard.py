@@ -1,0 +1,53 @@
+"""The standard declaration: which style each source gets, and the nn.Linear exception."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from mtpconv.commands.quantize_mtp import quantize_mtp
+from mtpconv.formats.fp8 import ScaleLayout, dequantize_fp8, quantize_fp8, stored_scale
+from mtpconv.manifest import read_manifest
+from mtpconv.testing.checkpoints import Spec, write_checkpoint
+
+
+def test_replicated_scales_dequantize_to_the_per_tensor_weights() -> None:
+    w = torch.randn(200, 300)
+    fp8 = quantize_fp8(w)
+    ref = dequantize_fp8(fp8.weight, fp8.scale)
+    channel = stored_scale(fp8.scale, ScaleLayout.PER_CHANNEL, (200, 300))
+    assert channel.shape == (200,)
+    assert torch.equal(fp8.weight.float() * channel[:, None], ref)
+    block = stored_scale(fp8.scale, ScaleLayout.BLOCK_128, (200, 300))
+    assert block.shape == (2, 3) and bool((block == fp8.scale).all())
+    experts = stored_scale(torch.tensor([1.0, 2.0]), ScaleLayout.BLOCK_128, (2, 256, 64), fused_halves=True)
+    assert experts.shape == (2, 2, 1) and experts[1].eq(2.0).all()
+
+
+def test_mla_target_with_fp8_kv_keeps_the_exclusion_style(tmp_path: Path) -> None:
+    spec = Spec(family="deepseek_v3", quant="nvfp4", extra_config={"kv_lora_rank": 16})
+    src = write_checkpoint(tmp_path / "src", spec)
+    report = quantize_mtp(str(src), tmp_path / "dst", device="cpu")
+    assert report.declaration is not None and report.declaration.style.value == "exclusion"
+    assert "MLAAttention" in report.declaration.reason
+    qc = json.loads((tmp_path / "dst" / "config.json").read_text())["quantization_config"]
+    assert qc["quant_algo"] == "NVFP4"  # the source's own declaration, drafter excluded
+    manifest = read_manifest(tmp_path / "dst")
+    assert manifest is not None and manifest.drafter.declaration == "exclusion"
+
+
+def test_plain_nn_linear_drafter_modules_stay_bf16(tmp_path: Path) -> None:
+    src = write_checkpoint(tmp_path / "src", Spec(family="deepseek_v3"))
+    report = quantize_mtp(str(src), tmp_path / "dst", device="cpu")
+    kept = report.plan.layout.kept_bf16
+    assert kept and all(m.endswith(".eh_proj") for m in kept)
+    assert not any(lin.module.endswith(".eh_proj") for lin in report.plan.linears)
+    manifest = read_manifest(tmp_path / "dst")
+    assert manifest is not None and set(manifest.drafter.kept_bf16) == set(kept)
+    assert report.declaration is not None and report.declaration.style.value == "standard"
+    layers = json.loads((tmp_path / "dst" / "config.json").read_text())["quantization_config"][
+        "quantized_layers"
+    ]
+    assert not any(k.endswith("eh_proj") for k in layers)
