@@ -8,6 +8,7 @@ draft head goes, and how many bytes change.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -176,8 +177,13 @@ def build_plan(
     *,
     draft_vocab_rows: int | None = None,
     draft_head_dtype: str = HeadDtype.FP8,
+    scale_shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> ConversionPlan:
-    """Decide every output tensor from headers; raise before anything is written."""
+    """Decide every output tensor from headers; raise before anything is written.
+
+    ``scale_shapes``: module -> the FP8 scale layout its declaration needs (e.g. ``[out,
+    1]`` for a compressed-tensors channel group); others get the per-tensor default.
+    """
     if not layout.has_drafter:
         raise LayoutError(
             f"{files.directory} has no MTP drafter tensors ({layout.family}); there is nothing "
@@ -222,9 +228,12 @@ def build_plan(
                 continue
             _check_shape(lin)
             plan.tensors.append(
-                OutTensor(TensorSpec(name, "F8_E4M3", lin.shape), OutKind.FP8_WEIGHT, linear=lin)
+                OutTensor(
+                    TensorSpec(lin.fp8_weight_name, "F8_E4M3", lin.shape), OutKind.FP8_WEIGHT, linear=lin
+                )
             )
-            scale_shape = (lin.shape[0],) if len(lin.shape) == 3 else ()
+            scale_shape: tuple[int, ...] = (lin.shape[0],) if len(lin.shape) == 3 else ()
+            scale_shape = (scale_shapes or {}).get(lin.module, scale_shape)
             plan.tensors.append(
                 OutTensor(TensorSpec(lin.fp8_scale_name, "F32", scale_shape), OutKind.FP8_SCALE, linear=lin)
             )

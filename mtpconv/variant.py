@@ -22,8 +22,14 @@ from mtpconv.checkpoint.reader import ShardReader
 from mtpconv.checkpoint.source import Source
 from mtpconv.checkpoint.writer import IndexWriter, ShardWriter, link_or_copy, write_json
 from mtpconv.errors import ConversionError, OutputError
-from mtpconv.formats.fp8 import Fp8Tensor, NonFiniteWeightError, QuantError, quantize_fp8_checked
-from mtpconv.formats.nvfp4 import dequantize_nvfp4
+from mtpconv.formats.fp8 import (
+    Fp8Tensor,
+    NonFiniteWeightError,
+    QuantError,
+    quantize_fp8_checked,
+    replicate_scale,
+)
+from mtpconv.formats.nvfp4 import dequantize_nvfp4, dequantize_nvfp4_ct
 from mtpconv.jsonio import dumps_json
 from mtpconv.layouts import Linear, Stored, module_of
 from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, DrafterSection, DraftVocabSection, Manifest, write_manifest
@@ -83,6 +89,12 @@ def _source_weight(reader: ShardReader, lin: Linear) -> torch.Tensor:
             reader.tensor(lin.weight),
             reader.tensor(f"{module}.weight_scale"),
             reader.tensor(f"{module}.weight_scale_2"),
+        )
+    if lin.stored is Stored.NVFP4_CT:
+        return dequantize_nvfp4_ct(
+            reader.tensor(lin.weight),
+            reader.tensor(f"{lin.module}.weight_scale"),
+            reader.tensor(f"{lin.module}.weight_global_scale"),
         )
     return reader.tensor(lin.weight)
 
@@ -160,6 +172,8 @@ class ShardJob:
                 _FP8_PARTS[t.kind],
                 lambda: _quantize(lin.weight, _source_weight(self.reader, lin), self.device),
             )
+            if t.kind is OutKind.FP8_SCALE:
+                part = replicate_scale(part, t.spec.shape)
             writer.write_tensor(name, part)
         elif t.kind in (OutKind.DRAFT_HEAD, OutKind.DRAFT_HEAD_SCALE):
             assert self.head is not None

@@ -164,3 +164,18 @@ def quantize_fp8_checked(w: torch.Tensor) -> tuple[Fp8Tensor, QuantError]:
     fp8 = quantize_fp8(w)
     cpu = Fp8Tensor(weight=fp8.weight.cpu(), scale=fp8.scale.cpu())
     return fp8, quant_error(w.cpu(), cpu)
+
+
+def replicate_scale(scale: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``scale`` (0-d, or ``[E]``) stored in the layout ``shape`` a declaration needs.
+
+    Each value is repeated over the trailing dimensions (``[out, 1]`` per channel, ``[E,
+    out, 1]`` per expert channel, ...), so the stored weights dequantize exactly as before.
+    """
+    if tuple(scale.shape) == tuple(shape):
+        return scale
+    lead = tuple(scale.shape)
+    if tuple(shape[: len(lead)]) != lead:
+        raise ValueError(f"an FP8 scale of shape {list(lead)} cannot be laid out as {list(shape)}")
+    view = scale.reshape(*lead, *([1] * (len(shape) - len(lead))))
+    return view.expand(*shape).contiguous()
