@@ -32,6 +32,7 @@ from mtpconv.jsonio import read_json
 from mtpconv.layouts import MtpLayout, detect_layout, module_of
 from mtpconv.manifest import read_manifest
 from mtpconv.plan import ConversionPlan, build_plan, check_destination
+from mtpconv.quantconfig.compressed_tensors import fp8_scale_shapes
 from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
 from mtpconv.quantconfig.rewrite import variant_configs
 from mtpconv.variant import Progress, VariantInputs, write_variant
@@ -162,10 +163,14 @@ def quantize_mtp(
         layout,
         draft_vocab_rows=None if ids is None else int(ids.numel()),
         draft_head_dtype=draft_head_dtype,
+        scale_shapes=fp8_scale_shapes(configs, layout.linears),
     )
     drafter = _drafter_modules(layout, plan)
     all_modules = {module_of(n) for n in files.tensors} | set(drafter)
-    new_hf_quant, new_config = variant_configs(configs, drafter, all_modules).documents
+    fp8_linears = [lin.module for lin in plan.linears]
+    new_hf_quant, new_config = variant_configs(
+        configs, drafter, all_modules, fp8_linears=fp8_linears
+    ).documents
     report = ConversionReport(
         source=source_spec,
         destination=str(dst_path),

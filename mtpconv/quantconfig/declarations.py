@@ -253,9 +253,10 @@ def _ct_name_matches(target: str, module: str) -> bool:
 
 
 def _ct_class_matches(target: str, module: str) -> bool:
-    # class-name target: every linear layer, but not an LM head (vLLM builds those as
-    # ParallelLMHead, whose class name does not contain "Linear")
-    return target == "Linear" and module.rsplit(".", 1)[-1] not in _HEAD_LEAVES
+    # class-name target: every layer whose vLLM class contains "Linear" (routers included),
+    # not an LM head (ParallelLMHead), an embedding or a norm
+    leaf = module.rsplit(".", 1)[-1]
+    return target == "Linear" and leaf not in _HEAD_LEAVES and leaf != "embed_tokens" and "norm" not in leaf
 
 
 def ct_group_algorithm(groups: list[tuple[list[str], str]], module: str) -> str | None:
