@@ -70,11 +70,25 @@ def declares_compressed_tensors(configs: QuantConfigs) -> bool:
 
 
 def fp8_scale_shapes(configs: QuantConfigs, linears: Iterable[Linear]) -> dict[str, tuple[int, ...]]:
-    """Module -> FP8 scale layout the drafter group needs: ``[out, 1]`` (``[E, out, 1]`` for a
-    fused 3-D expert tensor); empty when the source is not compressed-tensors."""
+    """Module -> FP8 scale layout the drafter group needs, ``[out, 1]``; empty when the source
+    is not compressed-tensors.
+
+    A fused 3-D expert tensor is refused: vLLM's compressed-tensors MoE method looks experts
+    up as ``experts.0.gate_proj`` etc., so no group could claim it and the FP8 bytes would
+    land in an unquantized layer.
+    """
     if not declares_compressed_tensors(configs):
         return {}
-    return {lin.module: (*lin.shape[:-1], 1) for lin in linears}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for lin in linears:
+        if len(lin.shape) != 2:
+            raise QuantConfigError(
+                f"{lin.weight} is a fused {len(lin.shape)}-D expert tensor; a compressed-tensors "
+                "config cannot declare it FP8 for vLLM. Convert a checkpoint with per-expert "
+                "tensors (experts.N.gate_proj ...)."
+            )
+        shapes[lin.module] = (lin.shape[0], 1)
+    return shapes
 
 
 def _vllm_name(module: str) -> str:

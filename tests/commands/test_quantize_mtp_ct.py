@@ -11,6 +11,7 @@ import torch
 
 from mtpconv.commands.inspect import inspect_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
+from mtpconv.errors import QuantConfigError
 from mtpconv.formats.fp8 import quantize_fp8
 from mtpconv.formats.nvfp4 import E2M1_VALUES, dequantize_nvfp4_ct
 from mtpconv.quantconfig.audit import CODE_PLAIN_DECLARED_QUANTIZED, CODE_QUANTIZED_DECLARED_PLAIN
@@ -139,3 +140,10 @@ def test_ct_bf16_drafter_ignored_converts_and_declares_fp8(tmp_path: Path) -> No
     fc = load_tensor(tmp_path / "out", "mtp.fc.weight_scale")
     assert fc.shape == (load_tensor(tmp_path / "out", "mtp.fc.weight").shape[0], 1)
     assert report.max_rel_l2 < 0.1
+
+
+def test_ct_fused_3d_experts_are_refused_before_writing(tmp_path: Path) -> None:
+    src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5_moe", quant="ct_nvfp4", fused_experts=True))
+    with pytest.raises(QuantConfigError, match="fused 3-D expert tensor"):
+        quantize_mtp(str(src), tmp_path / "out", device="cpu")
+    assert not (tmp_path / "out").exists()
