@@ -8,8 +8,9 @@ weights FP8 per output channel (static, symmetric), activations FP8 per token (d
 - groups are keyed by target string, so reusing ``Linear`` would overwrite the source's
   group; a layer-name or ``re:`` target beats a class-name target whatever the order, so
   the drafter group wins over the source's ``Linear`` without touching it;
-- dotted targets are renamed by the model's ``hf_to_vllm_mapper`` (Qwen3.5 maps ``mtp.``
-  to nothing, dropping them); ``re:`` targets are kept as written;
+- dotted targets are renamed by the target model's ``hf_to_vllm_mapper``, ``re:`` targets
+  are kept as written; a Qwen-style drafter is built under ``mtp.`` whatever prefix its
+  tensors are stored with, so anchored ``re:^mtp\\.`` targets reach it in every class;
 - ``ignore`` is checked first, so entries that skip a drafter FP8 linear are removed;
   every other module that such an entry skipped is ignored again by an exact entry, so no
   other module changes declaration;
@@ -143,8 +144,8 @@ def _list_of(body: dict[str, Any], key: str, where: str) -> list[str]:
 
 
 def _reignore_entry(module: str) -> str:
-    # Drafter modules by an anchored regex (vLLM drops dotted ``mtp.`` names through the
-    # Qwen3.5 mapper); target modules by their exact name (mapped like their weights).
+    # Drafter modules by an anchored regex on their vLLM name (``mtp.``, never renamed);
+    # target modules by their exact name (renamed by the mapper like their weights).
     if drafter_alias(module) is not None or module.startswith("mtp."):
         return "re:^" + re.escape(_vllm_name(module)) + "$"
     return module

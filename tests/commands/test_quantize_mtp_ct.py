@@ -147,3 +147,14 @@ def test_ct_fused_3d_experts_are_refused_before_writing(tmp_path: Path) -> None:
     with pytest.raises(QuantConfigError, match="fused 3-D expert tensor"):
         quantize_mtp(str(src), tmp_path / "out", device="cpu")
     assert not (tmp_path / "out").exists()
+
+
+def test_ct_vlm_source_targets_the_drafter_by_its_mtp_name(tmp_path: Path) -> None:
+    src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5_moe", quant="ct_nvfp4", vlm=True))
+    quantize_mtp(str(src), tmp_path / "out", device="cpu")
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    targets = qc["config_groups"][DRAFTER_GROUP]["targets"]
+    assert "re:^mtp\\.fc$" in targets and all(t.startswith("re:^mtp\\.") for t in targets)
+    assert qc["ignore"] == ["lm_head", "re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$", "re:.*visual.*"]
+    s, o = raw_tensors(src), raw_tensors(tmp_path / "out")
+    assert all(o[n] == v for n, v in s.items() if not n.startswith("mtp."))
