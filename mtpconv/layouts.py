@@ -40,12 +40,18 @@ PLAIN_NN_LINEAR: dict[str, frozenset[str]] = {
     "mimo": frozenset({"input_proj"}),
 }
 
+# compressed-tensors names: the packed NVFP4 weight and its float32 global scales.
+_CT_PACKED = ".weight_packed"
+_CT_SUFFIXES = (_CT_PACKED, ".weight_global_scale", ".input_global_scale")
+
 
 class Stored(str, Enum):
     """How a drafter linear's weight is stored in the source checkpoint."""
 
     PLAIN = "plain"  # a float tensor (BF16, F16, F32, F64)
-    NVFP4 = "nvfp4"  # packed U8 with block and global scales
+    NVFP4 = "nvfp4"  # ModelOpt: packed U8 ``weight`` + ``weight_scale`` + ``weight_scale_2``
+    # compressed-tensors: ``weight_packed`` + ``weight_scale`` + ``weight_global_scale``
+    NVFP4_CT = "nvfp4_ct"
     FP8 = "fp8"  # already FP8: the checkpoint is a variant, not a source
 
     def __str__(self) -> str:
@@ -61,6 +67,7 @@ class Linear:
     stored: Stored
     shape: tuple[int, ...]  # logical [out, in] (or [E, a, b] for fused experts)
     aux: tuple[str, ...] = ()  # scale tensors that belong to the stored format
+    declared_layout: ScaleLayout | None = None  # set where the source's dialect needs its own
 
     @property
     def is_expert(self) -> bool:
@@ -69,8 +76,11 @@ class Linear:
 
     @property
     def scale_layout(self) -> ScaleLayout:
-        """Routed experts: 128x128 blocks (vLLM's mixed config runs no per-channel FP8
-        experts); every other linear: one scale per output channel."""
+        """The stored scale's layout: what the source dialect's declaration chose
+        (``declared_layout``), else ModelOpt's: routed experts in 128x128 blocks (vLLM's
+        mixed config runs no per-channel FP8 experts), every other linear per channel."""
+        if self.declared_layout is not None:
+            return self.declared_layout
         return ScaleLayout.BLOCK_128 if self.is_expert else ScaleLayout.PER_CHANNEL
 
     @property
@@ -79,15 +89,23 @@ class Linear:
         return self.weight.endswith(".experts.gate_up_proj")
 
     @property
+    def fp8_weight_name(self) -> str:
+        """Name of the FP8 weight in the variant (``P.weight``, also for a ``P.weight_packed``)."""
+        if self.weight.endswith(_CT_PACKED):
+            return self.module + ".weight"
+        return self.weight
+
+    @property
     def fp8_scale_name(self) -> str:
         """Name of the float32 scale the variant stores next to the FP8 weight.
 
         Block scales are ``weight_scale_inv``: the name vLLM's ``Fp8MoEMethod`` loads.
         """
         suffix = "_inv" if self.scale_layout is ScaleLayout.BLOCK_128 else ""
-        if self.weight.endswith(".weight"):
-            return self.weight[: -len("weight")] + "weight_scale" + suffix
-        return self.weight + "_scale" + suffix
+        weight = self.fp8_weight_name
+        if weight.endswith(".weight"):
+            return weight[: -len("weight")] + "weight_scale" + suffix
+        return weight + "_scale" + suffix
 
 
 @dataclass
@@ -141,16 +159,27 @@ def _int(cfg: Mapping[str, Any], *keys: str) -> int | None:
 
 def module_of(tensor: str) -> str:
     """``a.b.weight`` -> ``a.b``; fused-expert tensors have no suffix to strip."""
-    for suffix in (".weight", ".weight_scale", ".weight_scale_2", ".input_scale", ".bias"):
+    for suffix in (".weight", ".weight_scale", ".weight_scale_2", ".input_scale", ".bias", *_CT_SUFFIXES):
         if tensor.endswith(suffix):
             return tensor[: -len(suffix)]
     return tensor
 
 
 def classify_weight(name: str, tensors: Mapping[str, TensorInfo]) -> tuple[str, tuple[str, ...]]:
-    """How a weight tensor is stored: ("nvfp4"|"fp8"|"plain"|"other", its scale tensors)."""
+    """How a weight tensor is stored: ("nvfp4"|"fp8"|"plain"|"other", its scale tensors).
+
+    NVFP4 covers both storages (ModelOpt ``weight``, compressed-tensors ``weight_packed``);
+    a drafter `Linear.stored` tells them apart.
+    """
     info = tensors[name]
     module = module_of(name)
+    if info.dtype == "U8" and name.endswith(_CT_PACKED) and f"{module}.weight_scale" in tensors:
+        aux = tuple(
+            f"{module}.{s}"
+            for s in ("weight_scale", "weight_global_scale", "input_global_scale")
+            if f"{module}.{s}" in tensors
+        )
+        return "nvfp4", aux
     if info.dtype == "U8" and f"{module}.weight_scale" in tensors:
         aux = tuple(
             f"{module}.{s}"
@@ -177,6 +206,15 @@ def _is_linear_weight(name: str, info: TensorInfo) -> bool:
     return last not in _NOT_LINEAR and bool(_LINEAR_NAME.search(last))
 
 
+def is_linear_module(module: str) -> bool:
+    """Whether a drafter module's name is one of the linears quantize-mtp makes FP8 (by name
+    alone: callers without tensor headers; `detect_layout` also checks the shapes)."""
+    if _FUSED_EXPERTS.search(module):
+        return True
+    last = module.rsplit(".", 1)[-1]
+    return last not in _NOT_LINEAR and bool(_LINEAR_NAME.search(last))
+
+
 def linear_modules(tensors: Mapping[str, TensorInfo]) -> dict[str, str]:
     """Every linear-like module of a checkpoint -> how it is stored.
 
@@ -188,7 +226,7 @@ def linear_modules(tensors: Mapping[str, TensorInfo]) -> dict[str, str]:
     for name, info in tensors.items():
         if name.endswith((".weight_scale", ".weight_scale_2", ".input_scale", "_scale")):
             continue
-        is_weight = name.endswith(".weight") or _FUSED_EXPERTS.search(name)
+        is_weight = name.endswith((".weight", _CT_PACKED)) or _FUSED_EXPERTS.search(name)
         if not is_weight or len(info.shape) < 2:
             continue
         last = module_of(name).rsplit(".", 1)[-1]
@@ -311,7 +349,7 @@ def _drafter_linears(drafter: list[str], tensors: Mapping[str, TensorInfo]) -> l
         info = tensors[name]
         stored, aux = classify_weight(name, tensors)
         if stored == "nvfp4":
-            if not name.endswith(".weight") or len(info.shape) != 2:
+            if not name.endswith((".weight", _CT_PACKED)) or len(info.shape) != 2:
                 raise LayoutError(
                     f"{name}: NVFP4 drafter weights must be 2-D packed [out, in/2]; got "
                     f"{list(info.shape)}. This layout is not supported yet."
@@ -324,7 +362,6 @@ def _drafter_linears(drafter: list[str], tensors: Mapping[str, TensorInfo]) -> l
         last = module_of(name).rsplit(".", 1)[-1]
         if last in _NOT_LINEAR:
             continue
-        linears.append(
-            Linear(module=module_of(name), weight=name, stored=Stored(stored), shape=shape, aux=aux)
-        )
+        kind = Stored.NVFP4_CT if stored == "nvfp4" and name.endswith(_CT_PACKED) else Stored(stored)
+        linears.append(Linear(module=module_of(name), weight=name, stored=kind, shape=shape, aux=aux))
     return linears

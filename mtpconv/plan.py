@@ -188,7 +188,10 @@ def build_plan(
     draft_vocab_rows: int | None = None,
     draft_head_dtype: str = HeadDtype.FP8,
 ) -> ConversionPlan:
-    """Decide every output tensor from headers; raise before anything is written."""
+    """Decide every output tensor from headers; raise before anything is written.
+
+    Each FP8 scale is stored in its linear's ``scale_layout`` (DESIGN §5).
+    """
     if not layout.has_drafter:
         raise LayoutError(
             f"{files.directory} has no MTP drafter tensors ({layout.family}); there is nothing "
@@ -228,7 +231,9 @@ def build_plan(
                 continue
             _check_shape(lin)
             plan.tensors.append(
-                OutTensor(TensorSpec(name, "F8_E4M3", lin.shape), OutKind.FP8_WEIGHT, linear=lin)
+                OutTensor(
+                    TensorSpec(lin.fp8_weight_name, "F8_E4M3", lin.shape), OutKind.FP8_WEIGHT, linear=lin
+                )
             )
             scale_shape = stored_scale_shape(lin.scale_layout, lin.shape, lin.fused_halves)
             plan.tensors.append(

@@ -29,7 +29,7 @@ from mtpconv.formats.fp8 import (
     quantize_fp8_checked,
     stored_scale,
 )
-from mtpconv.formats.nvfp4 import dequantize_nvfp4
+from mtpconv.formats.nvfp4 import dequantize_nvfp4, dequantize_nvfp4_ct
 from mtpconv.jsonio import dumps_json
 from mtpconv.layouts import Linear, Stored, module_of
 from mtpconv.manifest import (
@@ -98,6 +98,12 @@ def _source_weight(reader: ShardReader, lin: Linear) -> torch.Tensor:
             reader.tensor(lin.weight),
             reader.tensor(f"{module}.weight_scale"),
             reader.tensor(f"{module}.weight_scale_2"),
+        )
+    if lin.stored is Stored.NVFP4_CT:
+        return dequantize_nvfp4_ct(
+            reader.tensor(lin.weight),
+            reader.tensor(f"{lin.module}.weight_scale"),
+            reader.tensor(f"{lin.module}.weight_global_scale"),
         )
     return reader.tensor(lin.weight)
 

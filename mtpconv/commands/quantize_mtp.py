@@ -32,6 +32,7 @@ from mtpconv.jsonio import read_json
 from mtpconv.layouts import MtpLayout, detect_layout, linear_modules, module_of, text_config
 from mtpconv.manifest import read_manifest
 from mtpconv.plan import ConversionPlan, build_plan, check_destination
+from mtpconv.quantconfig.compressed_tensors import with_declared_layouts
 from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
 from mtpconv.quantconfig.rewrite import RewrittenConfigs
 from mtpconv.quantconfig.standard import DrafterDeclaration, standard_configs
@@ -186,6 +187,7 @@ def quantize_mtp(
     ids, vocab_meta = (None, {}) if draft_vocab is None else _draft_ids(draft_vocab, layout)
     dst_path = Path(dst).expanduser()
     check_destination(source.directory, dst_path)
+    layout = replace(layout, linears=with_declared_layouts(configs, layout.linears))
     plan = build_plan(
         files,
         layout,

@@ -61,6 +61,7 @@ class ScaleLayout(str, Enum):
 
     PER_CHANNEL = "per_channel"  # float32 [out]: ModelOpt FP8_PER_CHANNEL_PER_TOKEN
     BLOCK_128 = "block_128"  # float32 [ceil(out/128), ceil(in/128)] (per expert): FP8_PB_WO
+    PER_CHANNEL_COLUMN = "per_channel_column"  # float32 [out, 1]: compressed-tensors channel
 
     def __str__(self) -> str:
         return self.value
@@ -77,6 +78,8 @@ def stored_scale_shape(
     *lead, out, inp = shape
     if layout is ScaleLayout.PER_CHANNEL:
         return (*lead, out)
+    if layout is ScaleLayout.PER_CHANNEL_COLUMN:
+        return (*lead, out, 1)
     if fused_halves:
         if out % 2:
             raise ValueError(f"a fused gate_up weight needs an even row count, got {out}")

@@ -239,17 +239,37 @@ def mixed_keys(layers: Mapping[str, Any], module: str) -> list[str]:
     return keys
 
 
-def _ct_target_matches(target: str, module: str) -> bool:
-    if target == "Linear":
-        # class-name target: every linear layer, but not an LM head (vLLM builds those as
-        # ParallelLMHead, whose class name is not "Linear")
-        return module.rsplit(".", 1)[-1] not in _HEAD_LEAVES
+def _ct_name_matches(target: str, module: str) -> bool:
+    """A layer-name target (exact or ``re:``) against the names vLLM may see for ``module``
+    (a drafter module is built under ``mtp.``, whatever prefix it is stored with)."""
+    names = {module, drafter_alias(module) or module}
     if target.startswith("re:"):
         try:
-            return re.match(target[3:], module) is not None
+            pattern = re.compile(target[3:])
         except re.error:
             return False
-    return target == module
+        return any(pattern.match(n) is not None for n in names)
+    return target in names
+
+
+def _ct_class_matches(target: str, module: str) -> bool:
+    # class-name target: every layer whose vLLM class contains "Linear" (routers included),
+    # not an LM head (ParallelLMHead), an embedding or a norm
+    leaf = module.rsplit(".", 1)[-1]
+    return target == "Linear" and leaf not in _HEAD_LEAVES and leaf != "embed_tokens" and "norm" not in leaf
+
+
+def ct_group_algorithm(groups: list[tuple[list[str], str]], module: str) -> str | None:
+    """The algorithm of the config group that claims ``module``, as vLLM's
+    ``find_matched_target`` picks it: a layer-name or ``re:`` target of any group first, in
+    file order, then a class-name target (``Linear``); None when no group claims it."""
+    for targets, algo in groups:
+        if any(_ct_name_matches(t, module) for t in targets):
+            return algo
+    for targets, algo in groups:
+        if any(_ct_class_matches(t, module) for t in targets):
+            return algo
+    return None
 
 
 def declared_algorithm(decl: DeclaredQuant, module: str) -> str | None:
@@ -266,10 +286,7 @@ def declared_algorithm(decl: DeclaredQuant, module: str) -> str | None:
             return (decl.quantized_layers or {})[keys[0]] if keys else None
         return decl.algo
     if decl.method == "compressed-tensors":
-        for targets, algo in decl.groups:
-            if any(_ct_target_matches(t, module) for t in targets):
-                return algo
-        return None
+        return ct_group_algorithm(decl.groups, module)
     return decl.algo or decl.method.upper()
 
 

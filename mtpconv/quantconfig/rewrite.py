@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mtpconv.errors import QuantConfigError
+from mtpconv.layouts import is_linear_module
 from mtpconv.names import drafter_alias
+from mtpconv.quantconfig import compressed_tensors as ct
 from mtpconv.quantconfig.declarations import (
     DeclaredQuant,
     StorageFormat,
@@ -47,6 +49,7 @@ class RewrittenConfigs:
     patterns: list[str] = field(default_factory=list)  # every pattern appended, in order
     edits: list[ExclusionEdit] = field(default_factory=list)  # where each was appended
     dropped_layers: list[str] = field(default_factory=list)  # MIXED_PRECISION keys removed
+    drafter_group: ct.DrafterDeclaration | None = None  # compressed-tensors: the FP8 drafter group
 
     @property
     def documents(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -56,7 +59,7 @@ class RewrittenConfigs:
     @property
     def changed(self) -> bool:
         """Whether either document differs from its input."""
-        return bool(self.edits or self.dropped_layers)
+        return bool(self.edits or self.dropped_layers or self.drafter_group)
 
     def as_configs(self) -> QuantConfigs:
         """The new documents as a `QuantConfigs` (no paths: not written yet)."""
@@ -265,6 +268,8 @@ def variant_configs(
     configs: QuantConfigs,
     drafter_modules: Collection[str],
     all_modules: Collection[str],
+    *,
+    fp8_linears: Collection[str] | None = None,
 ) -> RewrittenConfigs:
     """New documents for the -mtpfp8 variant, and what changed.
 
@@ -273,11 +278,18 @@ def variant_configs(
     appended to both files), no other module changes declaration, every other key, value
     and order is kept. ``all_modules`` is every module of the checkpoint (target and
     drafter); generated patterns are verified against it. A source without a quant config
-    comes back unchanged (no ``quantization_config`` is added).
+    comes back unchanged (no ``quantization_config`` is added). A compressed-tensors source
+    instead gets a config group declaring ``fp8_linears`` (default: the drafter modules
+    named like linears) FP8 (`compressed_tensors.declare_drafter_fp8`).
     """
     out = _copy_docs(configs)
     decls = _decls_of(out.hf_quant, out.config)
     if not decls:
+        return out
+    if ct.declares_compressed_tensors(out.as_configs()):
+        fp8 = sorted(fp8_linears if fp8_linears is not None else filter(is_linear_module, drafter_modules))
+        if fp8:
+            out.drafter_group = ct.declare_drafter_fp8(out.config, fp8, {*all_modules, *drafter_modules})
         return out
     drafter = set(drafter_modules)
     others = {m for m in all_modules if m not in drafter}

@@ -31,6 +31,7 @@ from mtpconv.errors import QuantConfigError
 from mtpconv.formats.fp8 import ScaleLayout
 from mtpconv.layouts import Linear
 from mtpconv.names import drafter_name
+from mtpconv.quantconfig import compressed_tensors as ct
 from mtpconv.quantconfig.declarations import (
     DeclaredQuant,
     all_declarations,
@@ -158,6 +159,11 @@ def standard_configs(
     ``target_linears``: every linear-like target module of the checkpoint (checkpoint
     names); ``drafter_modules``: every drafter module (its FP8 linears among them).
     """
+    if ct.declares_compressed_tensors(configs):
+        fp8 = [lin.module for lin in fp8_linears]
+        rewritten = variant_configs(configs, drafter_modules, all_modules, fp8_linears=fp8)
+        why = f"compressed-tensors config group {ct.DRAFTER_GROUP!r} (FP8 per channel, dynamic per token)"
+        return rewritten, DrafterDeclaration(DeclarationStyle.STANDARD, why)
     decls = all_declarations(configs)
     methods = {d.method for d in decls}
     kv = {d.kv_cache_algo for d in decls if d.kv_cache_algo is not None}

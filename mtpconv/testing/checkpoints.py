@@ -2,7 +2,8 @@
 
 Each factory writes a genuine Hugging Face checkpoint directory: config.json,
 safetensors shards (+ index when sharded) and, for NVFP4, a ModelOpt
-hf_quant_config.json mirrored in config.json. Values are seeded random.
+hf_quant_config.json mirrored in config.json, or (``quant="ct_nvfp4"``) an llm-compressor
+compressed-tensors ``nvfp4-pack-quantized`` config.json. Values are seeded random.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ class Spec:
     experts_per_tok: int = 2
     fused_experts: bool = False
     vlm: bool = False  # model.language_model.* names + text_config
-    quant: str = "bf16"  # "bf16" | "nvfp4" (target linears)
-    drafter_quant: str = "bf16"  # "bf16" | "nvfp4" (drafter linears)
-    exclude: list[str] | None = None  # NVFP4 exclude_modules; default: NVIDIA's (mtp.fc gap)
+    quant: str = "bf16"  # "bf16" | "nvfp4" | "ct_nvfp4" (target linears)
+    drafter_quant: str = "bf16"  # "bf16" | "nvfp4" | "ct_nvfp4" (drafter linears)
+    # NVFP4 exclude_modules; default: NVIDIA's (mtp.fc gap). compressed-tensors ``ignore``;
+    # default: llm-compressor's (head, routers, and ``re:^mtp.*`` when the drafter is BF16)
+    exclude: list[str] | None = None
     shards: int = 1
     tie_word_embeddings: bool = False
     quant_head: bool = False  # store lm_head in NVFP4 too (with quant="nvfp4")
@@ -161,6 +164,20 @@ def to_nvfp4(w: torch.Tensor, g: torch.Generator) -> dict[str, torch.Tensor]:
     }
 
 
+def to_nvfp4_ct(w: torch.Tensor, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """A random but valid compressed-tensors NVFP4 encoding (llm-compressor names) of ``w``'s
+    shape: the global scale is a divisor, stored ``[1]``."""
+    out_f, in_f = w.shape
+    codes = torch.randint(0, 16, (out_f, in_f), generator=g, dtype=torch.uint8)
+    scales = (torch.rand(out_f, in_f // 16, generator=g) * 2 + 0.25).to(torch.float8_e4m3fn)
+    return {
+        "weight_packed": pack_e2m1_codes(codes),
+        "weight_scale": scales,
+        "weight_global_scale": torch.tensor([100.0], dtype=torch.float32),
+        "input_global_scale": torch.tensor([2.0], dtype=torch.float32),
+    }
+
+
 def _quantizable(name: str, w: torch.Tensor) -> bool:
     if not name.endswith("_proj.weight") and not name.endswith(".fc.weight"):
         return False
@@ -195,6 +212,42 @@ def quant_configs(s: Spec) -> tuple[dict[str, Any], dict[str, Any]]:
         "producer": {"name": "modelopt", "version": "0.37.0"},
     }
     return hf_quant, qc
+
+
+def ct_ignore(s: Spec) -> list[str]:
+    """What llm-compressor's NVFP4 recipes for Qwen MoE ignore: the head, the routers, the
+    vision tower and, when it was not quantized, the MTP drafter."""
+    ignore = ["lm_head", "re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$"]
+    if s.vlm:
+        ignore.append("re:.*visual.*")
+    if s.drafter_quant != "ct_nvfp4":
+        ignore.append("re:^mtp.*")
+    return ignore
+
+
+def ct_quant_config(s: Spec) -> dict[str, Any]:
+    """config.json ``quantization_config`` of an llm-compressor NVFP4 (W4A4) export."""
+    fp4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}
+    return {
+        "config_groups": {
+            "group_0": {
+                "format": "nvfp4-pack-quantized",
+                "input_activations": {**fp4, "dynamic": "local", "observer": "minmax"},
+                "output_activations": None,
+                "targets": ["Linear"],
+                "weights": {**fp4, "dynamic": False, "observer": "minmax"},
+            }
+        },
+        "format": "nvfp4-pack-quantized",
+        "global_compression_ratio": None,
+        "ignore": list(s.exclude) if s.exclude is not None else ct_ignore(s),
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+        "sparsity_config": {},
+        "transform_config": {},
+        "version": "0.12.2",
+    }
 
 
 def make_config(s: Spec) -> dict[str, Any]:
@@ -260,14 +313,17 @@ def write_checkpoint(directory: str | Path, spec: Spec | None = None, **kw: Any)
     for name, w in tensors.items():
         mode = s.drafter_quant if name in drafter_set else s.quant
         head = s.quant_head and name == "lm_head.weight"
-        if mode == "nvfp4" and (_quantizable(name, w) or head):
+        if mode in ("nvfp4", "ct_nvfp4") and (_quantizable(name, w) or head):
             mod = name[: -len(".weight")]
-            for k, v in to_nvfp4(w, g).items():
+            encode = to_nvfp4 if mode == "nvfp4" else to_nvfp4_ct
+            for k, v in encode(w, g).items():
                 stored[f"{mod}.{k}"] = v
         else:
             stored[name] = w
     cfg = make_config(s)
-    if "nvfp4" in (s.quant, s.drafter_quant):
+    if "ct_nvfp4" in (s.quant, s.drafter_quant):
+        cfg["quantization_config"] = ct_quant_config(s)
+    elif "nvfp4" in (s.quant, s.drafter_quant):
         hf_quant, qc = quant_configs(s)
         cfg["quantization_config"] = qc
         (directory / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=2) + "\n")

@@ -71,11 +71,13 @@ def _kernel_of(layer: Any) -> PreparedFp8:
 @_mark_weight_loader_v2
 class Fp8DrafterLinearMethod(LinearMethodBase):
     """FP8 e4m3 weight, dynamic activations; the scale as stored: one per output
-    channel (``weight_scale [out]``, the standard variant) or one per fused shard."""
+    channel (``weight_scale [out]``, the standard variant; ``[out, 1]`` from a
+    compressed-tensors source) or one per fused shard."""
 
-    def __init__(self, per_channel: bool = False) -> None:
+    def __init__(self, per_channel: bool = False, column: bool = False) -> None:
         super().__init__()
-        self.per_channel = per_channel
+        self.per_channel = per_channel or column
+        self.column = column
 
     def create_weights(
         self,
@@ -102,7 +104,9 @@ class Fp8DrafterLinearMethod(LinearMethodBase):
         scale: torch.nn.Parameter
         if self.per_channel:
             scale = ChannelQuantScaleParameter(
-                data=torch.full((sum(output_partition_sizes),), _UNSET, dtype=torch.float32),
+                data=torch.full(
+                    (sum(output_partition_sizes), *((1,) if self.column else ())), _UNSET, dtype=torch.float32
+                ),
                 output_dim=0,
                 weight_loader=loader,
             )
@@ -230,7 +234,9 @@ class DrafterQuantConfig(QuantizationConfig):
                         f"{prefix}: mtpconv.json stores the scales of {names} in different layouts "
                         f"{sorted(map(str, layouts))}; re-run `mtpconv quantize-mtp`."
                     )
-                return Fp8DrafterLinearMethod(per_channel=layouts == {"per_channel"})
+                return Fp8DrafterLinearMethod(
+                    per_channel=layouts == {"per_channel"}, column=layouts == {"per_channel_column"}
+                )
             if any(listed):
                 raise ManifestError(
                     f"{prefix}: mtpconv.json lists only some of {names} as FP8; "

@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtpconv.formats.fp8 import FP8_MAX, dequantize_fp8, fp8_scale, quant_error, quantize_fp8
-from mtpconv.formats.nvfp4 import dequantize_nvfp4, pack_e2m1_codes, unpack_e2m1_codes
+from mtpconv.formats.fp8 import (
+    FP8_MAX,
+    ScaleLayout,
+    dequantize_fp8,
+    fp8_scale,
+    quant_error,
+    quantize_fp8,
+    stored_scale,
+)
+from mtpconv.formats.nvfp4 import dequantize_nvfp4, dequantize_nvfp4_ct, pack_e2m1_codes, unpack_e2m1_codes
 
 
 def test_fp8_scale_is_amax_over_448() -> None:
@@ -82,6 +90,49 @@ def test_nvfp4_rejects_bad_groups() -> None:
         dequantize_nvfp4(
             torch.zeros(1, 16, dtype=torch.uint8), torch.ones(1, 1).to(torch.float8_e4m3fn), torch.tensor(1.0)
         )
+
+
+def test_nvfp4_ct_dequant_hand_computed() -> None:
+    """compressed-tensors: the same nibbles and block scales, the global scale divides."""
+    # byte 0x7A: element 0 = low nibble 0xA (-1.0), element 1 = high nibble 7 (6.0);
+    # bytes 0x00 / 0x08 are +0 / -0 pairs; 16 inputs per row = one block each.
+    packed = torch.tensor(
+        [[0x7A, 0x21, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00], [0x08, 0xF3, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00]],
+        dtype=torch.uint8,
+    )
+    scales = torch.tensor([[2.0], [0.5]]).to(torch.float8_e4m3fn)
+    w = dequantize_nvfp4_ct(packed, scales, torch.tensor([4.0]))  # stored [1], as llm-compressor does
+    # row 0: -1 * 2 / 4 = -0.5, 6 * 2 / 4 = 3, 0.5 * 2 / 4 = 0.25, 1 * 2 / 4 = 0.5
+    # row 1: codes 8 (-0), 0 (0), 3 (1.5) and 15 (-6): * 0.5 / 4 -> -0, 0, 0.1875, -0.75
+    assert w[0, :4].tolist() == [-0.5, 3.0, 0.25, 0.5]
+    assert w[1, :4].tolist() == [-0.0, 0.0, 0.1875, -0.75]
+    assert torch.signbit(w[1, 0]) and w[:, 4:].abs().sum() == 0
+    # the same codes under ModelOpt with weight_scale_2 = 1 / 4 give the same values
+    assert torch.equal(dequantize_nvfp4(packed, scales, torch.tensor(0.25)), w)
+
+
+def test_nvfp4_ct_divides_by_the_global_scale() -> None:
+    # 6 * 1 / 3 = 2 exactly, and 1.5 * 1 / 3 = 0.5: a true division, not a rounded reciprocal
+    packed = torch.tensor([[0x37] + [0] * 7], dtype=torch.uint8)  # codes 7 (6.0), 3 (1.5)
+    w = dequantize_nvfp4_ct(packed, torch.ones(1, 1).to(torch.float8_e4m3fn), torch.tensor(3.0))
+    assert w[0, :2].tolist() == [2.0, 0.5]
+
+
+def test_nvfp4_ct_rejects_bad_global_scale() -> None:
+    packed, scales = torch.zeros(1, 8, dtype=torch.uint8), torch.ones(1, 1).to(torch.float8_e4m3fn)
+    for bad in (0.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="weight_global_scale"):
+            dequantize_nvfp4_ct(packed, scales, torch.tensor(bad))
+    with pytest.raises(ValueError, match="one value"):
+        dequantize_nvfp4_ct(packed, scales, torch.tensor([1.0, 2.0]))
+
+
+def test_per_channel_column_layout() -> None:
+    """compressed-tensors channel scales: [out, 1], the per-tensor value on every row."""
+    col = ScaleLayout.PER_CHANNEL_COLUMN
+    assert stored_scale(torch.tensor(0.5), col, (3, 8)).tolist() == [[0.5], [0.5], [0.5]]
+    per_expert = stored_scale(torch.tensor([1.0, 2.0]), col, (2, 3, 8))
+    assert per_expert.shape == (2, 3, 1) and per_expert[:, :, 0].tolist() == [[1.0] * 3, [2.0] * 3]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

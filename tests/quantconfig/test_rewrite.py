@@ -132,17 +132,59 @@ def test_variant_mixed_precision_drops_drafter_layers() -> None:
     assert variant_configs(QuantConfigs(cfg2, hq2), drafter, modules).documents == (hq2, cfg2)
 
 
-def test_variant_compressed_tensors_adds_exact_names() -> None:
-    qc = compressed_tensors_nvfp4_config(["lm_head"])
+def test_variant_compressed_tensors_adds_a_drafter_group() -> None:
+    """Issue 13: the drafter linears get their own FP8 group; ignore entries that skipped
+    them go, every other module keeps its declaration, every other key is kept."""
+    qc = compressed_tensors_nvfp4_config()  # ignores lm_head, routers, linear_attn, re:^mtp.*
     configs = QuantConfigs(qwen35_moe_config(qc), None)
     drafter, modules = qwen35_moe_drafter_modules(), qwen35_moe_modules()
-    hq, cfg = variant_configs(configs, drafter, modules).documents
-    assert hq is None
-    ignore = cfg["quantization_config"]["ignore"]
-    assert ignore[0] == "lm_head" and "mtp.fc" in ignore
-    assert "mtp.layers.0.mlp.experts" in ignore  # one vLLM layer for the routed experts
-    decl = declared_quant(QuantConfigs(cfg, None))
-    assert all(declared_algorithm(decl, m) is None for m in drafter)
+    result = variant_configs(configs, drafter, modules)
+    hq, cfg = result.documents
+    assert hq is None and result.changed
+    new = cfg["quantization_config"]
+    assert new["config_groups"]["group_0"] == qc["config_groups"]["group_0"]
+    group = new["config_groups"]["mtpconv_fp8_drafter"]
+    assert group["format"] == "float-quantized"
+    assert group["weights"] == {
+        "num_bits": 8,
+        "type": "float",
+        "strategy": "channel",
+        "symmetric": True,
+        "dynamic": False,
+    }
+    assert group["input_activations"]["dynamic"] is True and group["input_activations"]["strategy"] == "token"
+    assert "re:^mtp\\.fc$" in group["targets"]
+    assert "re:^mtp\\.layers\\.0\\.mlp\\.experts\\.\\d+\\.up_proj$" in group["targets"]
+    assert new["ignore"] == [*qc["ignore"][:3], "re:^mtp\\.layers\\.0\\.mlp\\.shared_expert_gate$"]
+    assert result.drafter_group is not None and result.drafter_group.removed_ignore == ["re:^mtp.*"]
+    assert {k: v for k, v in new.items() if k not in ("config_groups", "ignore")} == {
+        k: v for k, v in qc.items() if k not in ("config_groups", "ignore")
+    }
+    before, after = declared_quant(configs), declared_quant(QuantConfigs(cfg, None))
+    linears = [m for m in drafter if m.endswith("_proj") or m.endswith(".fc")]
+    assert all(declared_algorithm(after, m) == "FP8" for m in linears)
+    assert all(
+        declared_algorithm(after, m) == declared_algorithm(before, m) for m in modules if m not in linears
+    )
+    assert variant_configs(QuantConfigs(cfg, None), drafter, modules).documents == (hq, cfg)  # a fixed point
+
+
+def test_variant_compressed_tensors_reignores_what_a_removed_entry_skipped() -> None:
+    """An ignore entry skipping drafter and target linears alike is replaced by exact
+    entries for the target modules, so they stay unquantized."""
+    qc = compressed_tensors_nvfp4_config(["lm_head", "re:.*self_attn.*"])
+    configs = QuantConfigs(qwen35_moe_config(qc), None)
+    drafter, modules = qwen35_moe_drafter_modules(), qwen35_moe_modules()
+    result = variant_configs(configs, drafter, modules, fp8_linears=["mtp.layers.0.self_attn.q_proj"])
+    ignore = result.config["quantization_config"]["ignore"]
+    assert "re:.*self_attn.*" not in ignore
+    assert f"{VLM}layers.3.self_attn.k_proj" in ignore
+    assert "re:^mtp\\.layers\\.0\\.self_attn\\.k_proj$" in ignore
+    before, after = declared_quant(configs), declared_quant(result.as_configs())
+    assert declared_algorithm(after, "mtp.layers.0.self_attn.q_proj") == "FP8"
+    for m in modules:
+        if m != "mtp.layers.0.self_attn.q_proj":
+            assert declared_algorithm(after, m) == declared_algorithm(before, m), m
 
 
 def test_fix_exclusions_only_adds_what_is_stored_plain() -> None:

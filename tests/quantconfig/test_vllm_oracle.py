@@ -33,7 +33,6 @@ for n in ("torchaudio", "torchcodec"):
     sys.modules[n] = None
 from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
     CompressedTensorsConfig)
-from vllm.model_executor.layers.quantization.compressed_tensors.utils import should_ignore_layer
 from vllm.model_executor.layers.quantization.modelopt import (
     ModelOptMixedPrecisionConfig, ModelOptNvFp4Config)
 from vllm.model_executor.models.qwen3_5 import Qwen3_5MoeForConditionalGeneration as M
@@ -49,8 +48,15 @@ for kind, doc, layers in json.load(sys.stdin):
     for layer in layers:
         try:
             if kind == "ct":
-                ignored = should_ignore_layer(layer, cfg.ignore, M.packed_modules_mapping)
-                res[layer] = None if ignored else "NVFP4"
+                # vLLM's own scheme lookup; a routed-experts layer is looked up through
+                # its expert 0 projections, as CompressedTensorsMoEMethod does.
+                cls_name = "RoutedExperts" if layer.endswith(".experts") else "ColumnParallelLinear"
+                names = [f"{layer}.0.{p}_proj" for p in ("gate", "up", "down")] if cls_name == "RoutedExperts" else [layer]
+                if cls_name == "RoutedExperts":
+                    cfg._add_fused_moe_to_target_scheme_map()
+                dicts = [cfg.get_scheme_dict(type(cls_name, (), {})(), n) for n in names]
+                algos = {None if d is None else {4: "NVFP4", 8: "FP8"}[d["weights"].num_bits] for d in dicts}
+                res[layer] = algos.pop() if len(algos) == 1 else "inconsistent"
             elif cfg.is_layer_excluded(layer):
                 res[layer] = None
             elif kind == "mixed":
