@@ -39,6 +39,7 @@ class DrafterSettings:
     manifest: Manifest
     fp8_modules: frozenset[str]  # normalized "mtp.…" module names, no ".weight"
     head: DraftHeadSettings | None
+    attention_window: int | None = None  # the manifest's draft_window: sliding window of the drafter
 
 
 def resolve_model_dir(model: str, revision: str | None = None) -> Path | None:
@@ -135,4 +136,10 @@ def drafter_settings(model: str, revision: str | None, vocab_size: int) -> Draft
             raise ManifestError(f"{ids_path} holds {ids.numel()} ids, {MANIFEST_NAME} says {dv.size}.")
         head = DraftHeadSettings(ids=ids, dtype=dv.head_dtype)
     fp8 = frozenset(drafter_name(n) for n in manifest.drafter.fp8_linears)
-    return DrafterSettings(model_dir=model_dir, manifest=manifest, fp8_modules=fp8, head=head)
+    return DrafterSettings(
+        model_dir=model_dir,
+        manifest=manifest,
+        fp8_modules=fp8,
+        head=head,
+        attention_window=manifest.draft_window,
+    )
