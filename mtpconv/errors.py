@@ -57,6 +57,12 @@ class PublishError(MtpconvError):
     """The variant cannot be published."""
 
 
+class DraftWindowError(MtpconvError):
+    """A draft attention window is not below the model's max context: a usage error."""
+
+    exit_code = 2
+
+
 class Interrupted(MtpconvError):
     """The user interrupted a run (Ctrl-C / SIGTERM); nothing was left half-written."""
 

@@ -15,6 +15,7 @@ verify that a directory is a complete, untampered variant. Schema (version 1)::
         "activation_scheme": "dynamic",
         "weight_scheme": "per_tensor"
       },
+      "draft_window": N,                        # optional: the drafter's attention window
       "draft_vocab": null | {"size": K, "file": "mtp_draft_vocab_ids.pt", "sha256": "...",
                               "head_tensor": "mtp.draft_lm_head.weight", "head_dtype": "fp8"|"bf16",
                               "head_file": "mtpconv/draft_head.safetensors",
@@ -25,6 +26,13 @@ verify that a directory is a complete, untampered variant. Schema (version 1)::
 
 Names in ``fp8_linears`` are checkpoint names (with any ``model.language_model.``
 prefix as stored), without the ``.weight`` suffix.
+
+``draft_window`` is optional and absent unless set (``quantize-mtp --draft-window``,
+``set-draft-window``): the plugin then builds the drafter's attention with a
+sliding window of N tokens; the target's attention is untouched. It is a
+top-level field, not a drafter one, so that an older mtpconv (whose drafter
+section rejects unknown fields) still loads the variant and simply drafts with
+full attention: the output is the same, only acceptance may differ.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from typing import Any
 
 from mtpconv import __version__
 from mtpconv.checkpoint.digests import sha256_file
-from mtpconv.errors import ManifestError
+from mtpconv.errors import DraftWindowError, ManifestError
 from mtpconv.jsonio import read_json, write_text_durably
 
 MANIFEST_NAME = "mtpconv.json"
@@ -84,6 +92,7 @@ class Manifest:
     files: dict[str, str] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     tool: dict[str, str] = field(default_factory=lambda: {"name": "mtpconv", "version": __version__})
+    draft_window: int | None = None
 
     def to_json(self) -> str:
         doc = asdict(self)
@@ -93,11 +102,44 @@ class Manifest:
             "source",
             "family",
             "drafter",
+            "draft_window",
             "draft_vocab",
             "quantization_error",
             "files",
         ]
-        return json.dumps({k: doc[k] for k in order}, indent=2) + "\n"
+        # No window: the key is left out, so the document is what it was before windows existed.
+        return (
+            json.dumps({k: doc[k] for k in order if k != "draft_window" or doc[k] is not None}, indent=2)
+            + "\n"
+        )
+
+
+def max_context(config: dict[str, Any]) -> int | None:
+    """The model's ``max_position_embeddings`` (under ``text_config`` for a VLM), or None."""
+    text = config.get("text_config")
+    for doc in (text if isinstance(text, dict) else {}, config):
+        value = doc.get("max_position_embeddings")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def check_draft_window(window: int, config: dict[str, Any], where: str) -> int:
+    """``window`` if it is a positive int below the max context of ``config`` (read from ``where``)."""
+    if window < 1:
+        raise DraftWindowError(f"the draft window must be a positive number of tokens, not {window}.")
+    limit = max_context(config)
+    if limit is None:
+        raise DraftWindowError(
+            f"{where} has no max_position_embeddings, so a draft window cannot be checked; "
+            "add it to config.json or leave the window off."
+        )
+    if window >= limit:
+        raise DraftWindowError(
+            f"draft window {window} is not below the model's max context {limit} "
+            f"(max_position_embeddings in {where}); pick a smaller window or leave it off."
+        )
+    return window
 
 
 def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> Path:
@@ -141,6 +183,7 @@ def parse_manifest(doc: Any, where: str = MANIFEST_NAME) -> Manifest:
             files=files,
             format_version=version,
             tool=_typed_map(doc.get("tool", {}), "tool"),
+            draft_window=_draft_window(doc.get("draft_window")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"{where} is malformed ({exc}); re-run `mtpconv quantize-mtp`.") from exc
@@ -166,6 +209,15 @@ _DRAFT_VOCAB_TYPES: dict[str, tuple[type, ...]] = {
     "corpus": (dict, type(None)),
     "head_file": (str, type(None)),
 }
+
+
+def _draft_window(value: Any) -> int | None:
+    """The recorded draft window: absent/null, or a positive int."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise TypeError(f"draft_window must be a positive integer, not {value!r}")
+    return value
 
 
 def _is_number(value: Any) -> bool:

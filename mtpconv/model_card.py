@@ -114,6 +114,7 @@ def build_model_card(directory: str | os.PathLike[str], manifest: Manifest, repo
         *_changes_section(manifest, tensors),
         *_error_section(manifest),
         *_vocab_section(manifest),
+        *_window_section(manifest),
         "## Usage",
         "",
         "```bash",
@@ -225,6 +226,21 @@ def _vocab_section(manifest: Manifest) -> list[str]:
         "",
         "Draft ids outside this set are never proposed; verification by the "
         "target still covers the full vocabulary.",
+        "",
+    ]
+
+
+def _window_section(manifest: Manifest) -> list[str]:
+    """Only for a variant with a draft window: without one the card is what it always was."""
+    if manifest.draft_window is None:
+        return []
+    return [
+        "## Draft attention window",
+        "",
+        f"The mtpconv plugin builds the drafter's attention with a sliding window of "
+        f"{manifest.draft_window:,} tokens (`draft_window` in `mtpconv.json`); the target's "
+        "attention is full. Outputs are unchanged, since the target verifies every draft "
+        "token; acceptance can be lower at contexts longer than the window.",
         "",
     ]
 

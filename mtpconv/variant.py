@@ -67,6 +67,7 @@ class VariantInputs:
     draft_ids: torch.Tensor | None = None  # the draft vocab's token ids, when there is one
     draft_ids_file: Path | None = None  # the ids file they were read from
     vocab_meta: Mapping[str, Any] = field(default_factory=dict)  # the ids file's sidecar
+    draft_window: int | None = None  # the drafter's attention window, checked by the caller
     progress: Progress | None = None
 
 
@@ -242,6 +243,7 @@ def write_variant(directory: Path, inputs: VariantInputs) -> WrittenVariant:
             k: {"rel_l2": v.rel_l2, "max_abs": v.max_abs, "amax": v.amax} for k, v in weights.errors.items()
         },
         files=dict(sorted(digests.items())),
+        draft_window=inputs.draft_window,
     )
     write_manifest(directory, manifest)
     verify_output(directory, plan)

@@ -23,6 +23,7 @@ from mtpconv.cli import render
 from mtpconv.cli.options import (
     BalanceTpOpt,
     BranchOpt,
+    ClearOpt,
     CommitMessageOpt,
     CopyOpt,
     CopyShardsOpt,
@@ -33,6 +34,7 @@ from mtpconv.cli.options import (
     DeviceOpt,
     DraftVocabOpt,
     DraftVocabSizeOpt,
+    DraftWindowOpt,
     DryRunOpt,
     EvalCorpusOpt,
     FixDestinationArg,
@@ -54,6 +56,7 @@ from mtpconv.cli.options import (
     TextFieldOpt,
     TokenOpt,
     VariantDirArg,
+    WindowArg,
 )
 from mtpconv.conversion_options import Device, HeadDtype
 from mtpconv.errors import MtpconvError
@@ -192,6 +195,7 @@ def quantize_mtp_cmd(
     dry_run: DryRunOpt = False,
     force: ForceOpt = False,
     copy: CopyOpt = False,
+    draft_window: DraftWindowOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -211,12 +215,38 @@ def quantize_mtp_cmd(
             dry_run=dry_run,
             force=force,
             copy=copy,
+            draft_window=draft_window,
             progress=progress,
         )
     if as_json:
         render.render_json(report)
     else:
         render.render_conversion(report)
+
+
+@app.command("set-draft-window")
+def set_draft_window_cmd(
+    directory: VariantDirArg,
+    window: WindowArg = None,
+    *,
+    clear: ClearOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Set or remove the drafter's attention window of a variant (rewrites only mtpconv.json)."""
+    _apply_switches(quiet=quiet, debug=debug)
+    if clear and window:
+        _usage_error("give either N or --clear, not both.")
+    if not clear and window is None:
+        _usage_error("give the window N in tokens, or --clear (or 0) to remove it.")
+    from mtpconv.commands.set_draft_window import set_draft_window
+
+    report = set_draft_window(directory, None if clear or not window else window)
+    if as_json:
+        render.render_json(report)
+    else:
+        render.render_draft_window(report)
 
 
 @app.command("fix-exclusions")

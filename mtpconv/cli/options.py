@@ -63,6 +63,15 @@ HeadDtypeOpt = Annotated[
 ]
 DeviceOpt = Annotated[Device, typer.Option("--device", help="Where the FP8 math runs.")]
 CopyOpt = Annotated[bool, typer.Option("--copy", help="Copy untouched files instead of hard-linking them.")]
+DraftWindowOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--draft-window",
+        metavar="N",
+        min=1,
+        help="Sliding window (tokens) of the drafter's attention, served by the plugin.",
+    ),
+]
 
 # fix-exclusions
 FixDestinationArg = Annotated[
@@ -120,6 +129,18 @@ PlotOpt = Annotated[
     Path | None,
     typer.Option("--plot", metavar="PNG", dir_okay=False, help="Write the coverage curve as a PNG."),
 ]
+
+# set-draft-window
+WindowArg = Annotated[
+    int | None,
+    typer.Argument(
+        metavar="N",
+        min=0,
+        help="Window in tokens (below the model's max context); 0 removes it.",
+        show_default=False,
+    ),
+]
+ClearOpt = Annotated[bool, typer.Option("--clear", help="Remove the window: full draft attention.")]
 
 # publish
 VariantDirArg = Annotated[

@@ -23,12 +23,15 @@ if TYPE_CHECKING:
     from mtpconv.commands.inspect import InspectReport
     from mtpconv.commands.publish import PublishPlan, PublishResult
     from mtpconv.commands.quantize_mtp import ConversionReport
+    from mtpconv.commands.set_draft_window import DraftWindowReport
     from mtpconv.draft_vocab.report import DraftVocabReport
 
 _SEVERITY_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
 
-def render_json(report: InspectReport | ConversionReport | FixReport | DraftVocabReport) -> None:
+def render_json(
+    report: InspectReport | ConversionReport | FixReport | DraftVocabReport | DraftWindowReport,
+) -> None:
     """A report as one JSON document on stdout (``--json``)."""
     console.emit_json(report.to_dict())
 
@@ -54,6 +57,8 @@ def render_inspect(r: InspectReport) -> None:
             f"mtpconv {r.variant['tool'].get('version', '?')}, "
             f"{r.variant['fp8_linears']} FP8 drafter linears",
         )
+        window = r.variant.get("draft_window")
+        summary.add_row("draft attention", "full" if window is None else f"sliding window of {window} tokens")
     dv = r.draft_vocab
     summary.add_row(
         "draft vocab",
@@ -112,6 +117,8 @@ def render_conversion(r: ConversionReport) -> None:
     if p.draft_head is not None:
         h = p.draft_head
         t.add_row("draft head", f"{h.tensor} [{h.rows} x {h.hidden}] {h.dtype}")
+    if r.draft_window is not None:
+        t.add_row("draft attention window", f"{r.draft_window} tokens")
     saved = human_bytes(p.bytes_before - p.bytes_after)
     t.add_row("weights", f"{human_bytes(p.bytes_before)} -> {human_bytes(p.bytes_after)} (saved {saved})")
     if not r.dry_run:
@@ -119,6 +126,14 @@ def render_conversion(r: ConversionReport) -> None:
         t.add_row("files linked / copied", f"{r.linked} / {r.copied}")
         t.add_row("device / time", f"{r.device} / {r.seconds:.1f} s")
     out_console.print(t)
+
+
+def render_draft_window(r: DraftWindowReport) -> None:
+    """What ``set-draft-window`` recorded in the manifest."""
+    before = "full" if r.previous is None else f"{r.previous} tokens"
+    after = "full" if r.window is None else f"{r.window} tokens"
+    change = f"{after} (unchanged)" if r.previous == r.window else f"{before} -> {after}"
+    _echo(f"{r.manifest}: draft attention {change}")
 
 
 def render_fix(r: FixReport) -> None:

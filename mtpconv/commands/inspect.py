@@ -186,6 +186,7 @@ def _variant_info(manifest: Manifest | None) -> dict[str, Any] | None:
         "tool": manifest.tool,
         "source": {k: v for k, v in manifest.source.items() if k != "files"},
         "fp8_linears": len(manifest.drafter.fp8_linears),
+        "draft_window": manifest.draft_window,  # None: full draft attention
     }
 
 

@@ -30,7 +30,7 @@ from mtpconv.errors import ConversionError, interruptible
 from mtpconv.formats.fp8 import QuantError
 from mtpconv.jsonio import read_json
 from mtpconv.layouts import MtpLayout, detect_layout, linear_modules, module_of, text_config
-from mtpconv.manifest import read_manifest
+from mtpconv.manifest import check_draft_window, read_manifest
 from mtpconv.plan import ConversionPlan, build_plan, check_destination
 from mtpconv.quantconfig.compressed_tensors import with_declared_layouts
 from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
@@ -54,6 +54,7 @@ class ConversionReport:
     seconds: float = 0.0
     draft_vocab_size: int | None = None
     declaration: DrafterDeclaration | None = None
+    draft_window: int | None = None
 
     @property
     def max_rel_l2(self) -> float:
@@ -82,6 +83,7 @@ class ConversionReport:
                 "reason": self.declaration.reason,
                 "algorithms": self.declaration.algos,
             },
+            "draft_window": self.draft_window,
         }
 
 
@@ -178,12 +180,19 @@ def quantize_mtp(
     dry_run: bool = False,
     force: bool = False,
     copy: bool = False,
+    draft_window: int | None = None,
     progress: Progress | None = None,
 ) -> ConversionReport:
-    """Write the ``-mtpfp8`` variant of ``source_spec`` to ``dst`` (DESIGN §5)."""
+    """Write the ``-mtpfp8`` variant of ``source_spec`` to ``dst`` (DESIGN §5).
+
+    ``draft_window`` records a sliding window for the drafter's attention in the
+    manifest; it must be below the model's max context.
+    """
     started = time.monotonic()
     dev = pick_device(device)
     source, files, configs, layout = _load(source_spec, revision, headers_only=dry_run)
+    if draft_window is not None:
+        check_draft_window(draft_window, configs.config, str(configs.config_path or source_spec))
     ids, vocab_meta = (None, {}) if draft_vocab is None else _draft_ids(draft_vocab, layout)
     dst_path = Path(dst).expanduser()
     check_destination(source.directory, dst_path)
@@ -204,6 +213,7 @@ def quantize_mtp(
         device=str(dev),
         draft_vocab_size=None if ids is None else int(ids.numel()),
         declaration=declaration,
+        draft_window=draft_window,
     )
     if dry_run:
         return report
@@ -219,6 +229,7 @@ def quantize_mtp(
         draft_ids=ids,
         draft_ids_file=None if draft_vocab is None else Path(draft_vocab),
         vocab_meta=vocab_meta,
+        draft_window=draft_window,
         progress=progress,
     )
     with interruptible(dst_path), atomic_output_dir(dst_path, force=force) as tmp:

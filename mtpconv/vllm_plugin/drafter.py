@@ -47,6 +47,31 @@ def _drafter_quant_config(vllm_config: VllmConfig, cfg: DrafterQuantConfig) -> I
         vllm_config.quant_config = original
 
 
+@contextmanager
+def _drafter_attention_window(vllm_config: VllmConfig, window: int | None) -> Iterator[None]:
+    """Build the drafter's ``Attention`` layers with a sliding window of ``window`` tokens.
+
+    vLLM's MTP classes build their decoder layer, hence ``Attention``, without a
+    ``per_layer_sliding_window``; ``Attention`` then takes the model-level window from
+    the ``cache_config`` it is given (vllm/model_executor/layers/attention/attention.py),
+    and that one object is all the drafter's constructor shares with nothing else while
+    it runs. Setting it for the construction only and restoring it gives exactly the
+    layer ``per_layer_sliding_window=window`` would (its ``sliding_window``, its
+    backend impl, a ``SlidingWindowSpec`` KV cache), with no vLLM class patched;
+    the target was built before and is untouched. ``None``: nothing changes.
+    """
+    if window is None:
+        yield
+        return
+    cache_config = vllm_config.cache_config
+    original = cache_config.sliding_window
+    cache_config.sliding_window = window
+    try:
+        yield
+    finally:
+        cache_config.sliding_window = original
+
+
 def stage_local_forward(
     model: Any,
     input_ids: torch.Tensor | None,
@@ -100,7 +125,8 @@ class MtpconvDrafterMixin:
         cfg = DrafterQuantConfig(
             base, settings.fp8_modules, type(self).packed_modules_mapping, settings.scale_layouts
         )
-        with _drafter_quant_config(vllm_config, cfg):
+        window = settings.attention_window
+        with _drafter_quant_config(vllm_config, cfg), _drafter_attention_window(vllm_config, window):
             super().__init__(vllm_config=vllm_config, prefix=prefix)  # type: ignore[call-arg]
         self.quant_config = base
         self.mtpconv = settings
@@ -119,10 +145,11 @@ class MtpconvDrafterMixin:
             self.model.register_buffer("draft_vocab_ids", ids, persistent=False)
             self.draft_logits_processor = LogitsProcessor(k)
         logger.info(
-            "mtpconv: drafter of %s with %d FP8 linears, draft head %s",
+            "mtpconv: drafter of %s with %d FP8 linears, draft head %s, attention window %s",
             settings.model_dir,
             len(settings.fp8_modules),
             "off" if head is None else f"{head.ids.numel()} rows {head.dtype}",
+            "full" if window is None else f"{window} tokens",
         )
 
     def forward(

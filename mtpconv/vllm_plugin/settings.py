@@ -41,6 +41,7 @@ class DrafterSettings:
     fp8_modules: frozenset[str]  # normalized "mtp.…" module names, no ".weight"
     head: DraftHeadSettings | None
     scale_layouts: dict[str, str] = field(default_factory=dict)  # "mtp.…" -> stored scale layout
+    attention_window: int | None = None  # the manifest's draft_window: sliding window of the drafter
 
 
 def resolve_model_dir(model: str, revision: str | None = None) -> Path | None:
@@ -147,5 +148,10 @@ def drafter_settings(model: str, revision: str | None, vocab_size: int) -> Draft
     fp8 = frozenset(drafter_name(n) for n in manifest.drafter.fp8_linears)
     layouts = {drafter_name(n): v for n, v in manifest.drafter.scale_layouts.items()}
     return DrafterSettings(
-        model_dir=model_dir, manifest=manifest, fp8_modules=fp8, head=head, scale_layouts=layouts
+        model_dir=model_dir,
+        manifest=manifest,
+        fp8_modules=fp8,
+        head=head,
+        scale_layouts=layouts,
+        attention_window=manifest.draft_window,
     )
