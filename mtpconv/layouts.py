@@ -16,7 +16,7 @@ from typing import Any
 
 from mtpconv.checkpoint.safetensors_io import FLOAT_DTYPES, TensorInfo
 from mtpconv.errors import LayoutError
-from mtpconv.formats.fp8 import ScaleLayout
+from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.names import strip_text_prefix
 
 QWEN35_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}

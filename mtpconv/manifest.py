@@ -21,8 +21,18 @@ verify that a directory is a complete, untampered variant. Schema (version 1)::
                               "head_file": "mtpconv/draft_head.safetensors",
                               "coverage": 0.97, "corpus": {...}},
       "quantization_error": {"mtp.fc": {"rel_l2": ..., "max_abs": ..., "amax": ...}, ...},
-      "files": {"relative/path": "<sha256>", ...}   # every file of the variant but this one
+      "files": {"relative/path": "<sha256>", ...},  # files whose sha256 is known
+      "unhashed": {"relative/path": {"size": n, "mtime_ns": t}, ...}
     }
+
+``files`` and ``unhashed`` together list every file of the variant but this one.
+A file ``quantize-mtp`` wrote (or whose digest huggingface_hub had already
+recorded) is in ``files``; a file it only hard-linked or copied, whose digest
+nobody knew, is in ``unhashed`` with its size and mtime: hashing a whole target
+checkpoint for the manifest would cost more than the conversion. ``mtpconv
+verify`` and ``publish`` check those files by size and mtime (``publish``
+hashes them too, for the upload). Manifests without ``unhashed`` (older
+variants) hash everything they list.
 
 Names in ``fp8_linears`` are checkpoint names (with any ``model.language_model.``
 prefix as stored), without the ``.weight`` suffix.
@@ -55,6 +65,20 @@ DRAFT_HEAD_NAME = "mtp.draft_lm_head"
 # index's weight_map when there is one), so stock vLLM serves the full head and never sees it.
 DRAFT_HEAD_FILE = "mtpconv/draft_head.safetensors"
 FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """What identifies a file whose digest was not computed: its size and mtime."""
+
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str]) -> FileStamp:
+        """The stamp of ``path`` as it is now (following links)."""
+        st = os.stat(path)
+        return cls(size=st.st_size, mtime_ns=st.st_mtime_ns)
 
 
 @dataclass
@@ -90,9 +114,15 @@ class Manifest:
     draft_vocab: DraftVocabSection | None = None
     quantization_error: dict[str, dict[str, float]] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    unhashed: dict[str, FileStamp] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     tool: dict[str, str] = field(default_factory=lambda: {"name": "mtpconv", "version": __version__})
     draft_window: int | None = None
+
+    @property
+    def variant_files(self) -> list[str]:
+        """Every file of the variant the manifest lists (hashed or not), sorted."""
+        return sorted({*self.files, *self.unhashed})
 
     def to_json(self) -> str:
         doc = asdict(self)
@@ -106,12 +136,13 @@ class Manifest:
             "draft_vocab",
             "quantization_error",
             "files",
+            "unhashed",
         ]
-        # No window: the key is left out, so the document is what it was before windows existed.
-        return (
-            json.dumps({k: doc[k] for k in order if k != "draft_window" or doc[k] is not None}, indent=2)
-            + "\n"
-        )
+        if not self.unhashed:  # written as older mtpconv wrote it when every digest is known
+            order.remove("unhashed")
+        if self.draft_window is None:  # no window: the document is what it was before windows
+            order.remove("draft_window")
+        return json.dumps({k: doc[k] for k in order}, indent=2) + "\n"
 
 
 def max_context(config: dict[str, Any]) -> int | None:
@@ -174,6 +205,9 @@ def parse_manifest(doc: Any, where: str = MANIFEST_NAME) -> Manifest:
         files = _typed_map(doc.get("files", {}), "files")
         if not all(isinstance(v, str) for v in files.values()):
             raise TypeError("files must map paths to sha256 strings")
+        unhashed = {rel: _stamp(rel, v) for rel, v in _typed_map(doc.get("unhashed", {}), "unhashed").items()}
+        if set(unhashed) & set(files):
+            raise TypeError(f"{sorted(set(unhashed) & set(files))[0]} is in both files and unhashed")
         return Manifest(
             source=_typed_map(doc["source"], "source"),
             family=str(doc["family"]),
@@ -181,6 +215,7 @@ def parse_manifest(doc: Any, where: str = MANIFEST_NAME) -> Manifest:
             draft_vocab=draft_vocab,
             quantization_error=errors,
             files=files,
+            unhashed=unhashed,
             format_version=version,
             tool=_typed_map(doc.get("tool", {}), "tool"),
             draft_window=_draft_window(doc.get("draft_window")),
@@ -220,6 +255,16 @@ def _draft_window(value: Any) -> int | None:
     return value
 
 
+def _stamp(rel: str, value: Any) -> FileStamp:
+    stamp = _typed(value, _STAMP_TYPES, f"unhashed[{rel!r}]")
+    if set(stamp) != set(_STAMP_TYPES):
+        raise TypeError(f"unhashed[{rel!r}] needs size and mtime_ns")
+    return FileStamp(**stamp)
+
+
+_STAMP_TYPES: dict[str, tuple[type, ...]] = {"size": (int,), "mtime_ns": (int,)}
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -254,10 +299,16 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest | None:
 
 
 def verify_files(directory: str | os.PathLike[str], manifest: Manifest) -> list[str]:
-    """Relative paths whose sha256 differs from the manifest, or that are missing."""
+    """Relative paths (sorted) that are missing, whose sha256 differs from the
+    manifest, or (unhashed files) whose size or mtime differs from the record."""
     bad = []
-    for rel, digest in manifest.files.items():
+    for rel in manifest.variant_files:
         path = Path(directory) / rel
-        if not path.is_file() or sha256_file(path) != digest:
+        if not path.is_file():
+            bad.append(rel)
+        elif rel in manifest.files:
+            if sha256_file(path) != manifest.files[rel]:
+                bad.append(rel)
+        elif FileStamp.of(path) != manifest.unhashed[rel]:
             bad.append(rel)
     return bad

@@ -46,7 +46,7 @@ class LicenseInfo:
 def variant_tensors(directory: str | os.PathLike[str], manifest: Manifest) -> dict[str, TensorInfo]:
     """Every tensor of the variant, from the headers of the safetensors files it lists."""
     tensors: dict[str, TensorInfo] = {}
-    for rel in sorted(manifest.files):
+    for rel in manifest.variant_files:
         if rel.endswith(".safetensors"):
             tensors.update(read_header(Path(directory) / rel, file=rel).tensors)
     return tensors

@@ -16,7 +16,7 @@ from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles
 from mtpconv.checkpoint.writer import TensorSpec
 from mtpconv.conversion_options import HeadDtype
 from mtpconv.errors import ConversionError, LayoutError, OutputError, SourceError
-from mtpconv.formats.fp8 import stored_scale_shape
+from mtpconv.formats.scale_layout import stored_scale_shape
 from mtpconv.layouts import Linear, MtpLayout, Stored
 from mtpconv.manifest import DRAFT_HEAD_FILE, DRAFT_HEAD_NAME, MANIFEST_NAME
 

@@ -2,21 +2,23 @@
 
 Two checks, cheap first: :func:`check_variant_structure` (the manifest, the
 files it lists, nothing else present, every indexed shard listed) runs before
-any Hub call; :func:`changed_files` is the one sha256 verifier of files against
-the digests a manifest records.
+any Hub call; :func:`check_files` is the one verifier of files against what a
+manifest records (a sha256, or for a linked file nobody hashed, size and mtime).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.errors import ManifestError, PublishError
 from mtpconv.jsonio import read_json
-from mtpconv.manifest import MANIFEST_NAME, Manifest, read_manifest
+from mtpconv.manifest import MANIFEST_NAME, FileStamp, Manifest, read_manifest
 from mtpconv.model_card import CARD_NAME
 
 if TYPE_CHECKING:
@@ -28,36 +30,96 @@ _INDEX_NAME = "model.safetensors.index.json"
 _NAMED = 5  # how many offending files an error message names
 
 
-def changed_files(
+class FileState(str, Enum):
+    """What checking one file of a variant against its manifest found."""
+
+    OK = "ok"  # its sha256 matches the manifest
+    CONSISTENT = "consistent"  # no digest recorded; size and mtime match (hashed with --full)
+    CHANGED = "changed"  # its sha256 differs from the manifest
+    RESTAMPED = "restamped"  # no digest recorded; its size or mtime differs from the record
+    MISSING = "missing"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def bad(self) -> bool:
+        return self in (FileState.CHANGED, FileState.RESTAMPED, FileState.MISSING)
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """One file of a variant, checked: ``sha256`` is what was computed (None: not hashed)."""
+
+    path: str
+    state: FileState
+    sha256: str | None = None
+    known: bool = True  # the manifest records its sha256
+
+
+def check_files(
     root: str | os.PathLike[str],
-    digests: Mapping[str, str],
+    manifest: Manifest,
+    *,
+    hash_unhashed: bool = False,
     progress: ProgressCallback | None = None,
-) -> list[str]:
-    """Relative paths under ``root`` (sorted) that are missing or whose sha256
-    differs from ``digests``; ``progress`` advances by the bytes hashed."""
+) -> list[FileCheck]:
+    """Every file the manifest lists, checked (sorted by path).
+
+    A file with a recorded sha256 is hashed and compared; a file recorded only by
+    size and mtime (``unhashed``) is compared by those, and hashed too with
+    ``hash_unhashed`` (its digest then cannot be checked, only reported).
+    """
     base = Path(root)
-    present = {rel: base / rel for rel in sorted(digests) if (base / rel).is_file()}
+    present = {rel: base / rel for rel in manifest.variant_files if (base / rel).is_file()}
+    to_hash = [r for r in present if r in manifest.files or hash_unhashed]
     if progress is not None:
-        progress.start("Verifying sha256", sum(p.stat().st_size for p in present.values()))
-    bad = []
-    for rel in sorted(digests):
+        progress.start("Verifying sha256", sum(present[r].stat().st_size for r in to_hash))
+    out = []
+    for rel in manifest.variant_files:
         path = present.get(rel)
-        if path is None or sha256_file(path) != digests[rel]:
-            bad.append(rel)
-        if path is not None and progress is not None:
-            progress.advance(path.stat().st_size)
-    return bad
+        known = rel in manifest.files
+        if path is None:
+            out.append(FileCheck(rel, FileState.MISSING, known=known))
+            continue
+        if not known and FileStamp.of(path) != manifest.unhashed[rel]:
+            out.append(FileCheck(rel, FileState.RESTAMPED, known=False))
+            continue
+        digest = None
+        if known or hash_unhashed:
+            digest = sha256_file(path)
+            if progress is not None:
+                progress.advance(path.stat().st_size)
+        if known:
+            state = FileState.OK if digest == manifest.files[rel] else FileState.CHANGED
+        else:
+            state = FileState.CONSISTENT
+        out.append(FileCheck(rel, state, digest, known))
+    return out
 
 
-def verify_variant_digests(root: Path, manifest: Manifest, progress: ProgressCallback | None) -> None:
-    """Raise naming every file that no longer matches its sha256 in the manifest."""
-    differ = changed_files(root, manifest.files, progress)
+def verify_variant_digests(
+    root: Path, manifest: Manifest, progress: ProgressCallback | None
+) -> dict[str, str]:
+    """The sha256 of every file of the variant; raise naming every file that no longer
+    matches the manifest (its sha256, or for a file without one, its size and mtime)."""
+    checks = check_files(root, manifest, hash_unhashed=True, progress=progress)
+    differ = [c.path for c in checks if c.state is FileState.CHANGED or c.state is FileState.MISSING]
+    restamped = [c.path for c in checks if c.state is FileState.RESTAMPED]
     if differ:
         verb = "does" if len(differ) == 1 else "do"
         raise PublishError(
             f"{names(differ)} in {root} {verb} not match its sha256 in {MANIFEST_NAME}: the "
             "variant was modified after conversion. Re-run `mtpconv quantize-mtp`."
         )
+    if restamped:
+        verb = "has" if len(restamped) == 1 else "have"
+        raise PublishError(
+            f"{names(restamped)} in {root} {verb} another size or mtime than {MANIFEST_NAME} "
+            "records (no sha256 was recorded for it): it changed after conversion. "
+            "Re-run `mtpconv quantize-mtp`."
+        )
+    return {c.path: c.sha256 for c in checks if c.sha256 is not None}
 
 
 def check_variant_structure(root: Path) -> Manifest:
@@ -77,7 +139,7 @@ def check_variant_structure(root: Path) -> Manifest:
             f"{root} has no {MANIFEST_NAME}: it is not an mtpconv variant. "
             "Create one with `mtpconv quantize-mtp SRC DST` and publish DST."
         )
-    files = manifest.files
+    files = manifest.variant_files
     where = root / MANIFEST_NAME
     if not files:
         raise ManifestError(f"{where} lists no files; re-run `mtpconv quantize-mtp`.")
@@ -121,7 +183,7 @@ def _walk(root: Path) -> Iterator[str]:
             yield f"{prefix}{fn}"
 
 
-def _check_index(root: Path, files: dict[str, str]) -> None:
+def _check_index(root: Path, files: list[str]) -> None:
     if _INDEX_NAME not in files:
         return
     path = root / _INDEX_NAME

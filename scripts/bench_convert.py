@@ -1,140 +1,237 @@
-"""Conversion throughput on a synthetic checkpoint of realistic proportions.
+"""What quantize-mtp costs, side by side in one run: does the cost follow the drafter?
 
-Builds a BF16 Qwen3.5-style checkpoint whose target shards are large and whose
-drafter (one MTP layer + fc) sits in the last, mixed shard, then times, side by
-side in one run:
+Builds two BF16 Qwen3.5-style checkpoints that differ only in the target (default
+2.4 GB and 9.6 GB of target shards) and share the same ~2 GB BF16 drafter in its
+own shard, each as a plain local directory and as a Hugging Face cache snapshot
+(blobs hard-linked to the same files, so no extra disk). Then times:
 
-  * ``cp`` of the whole source (what a naive "rewrite everything" costs),
-  * ``mtpconv quantize-mtp`` (links untouched shards, rewrites the mixed one,
-    hashes the linked shards for the manifest), with ``--copy``, and on the same
-    directory once it carries ``hf download --local-dir`` records (hashes known),
-  * reading the drafter tensors alone (the floor for the rewrite).
+  * ``mtpconv quantize-mtp`` of each (best of ``--repeat``), with its peak RSS,
+  * ``dd if=DRAFTER_SHARD of=X bs=16M conv=fsync`` (a durable copy of the drafter),
+  * a read + rewrite (``dd ... conv=fsync``) of every shard of the larger one
+    (what a whole-model converter does at least),
+  * ``mtpconv inspect DIR`` against starting bare Python (``python -c pass``),
 
-    python scripts/bench_convert.py [--target-gb 8] [--hidden 4096] [--dir /tmp/bench]
+and prints the issue's ratios as one Markdown table. Everything is deleted after.
+
+    python scripts/bench_convert.py [--small-gb 2.4] [--large-gb 9.6] [--drafter-layers 4]
+        [--hidden 4096] [--intermediate 12288] [--dir /tmp/mtpconv-bench] [--repeat 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
+import numpy as np
+
+from mtpconv.checkpoint.writer import TensorSpec, safetensors_header
+
+_BLOCK = 32 << 20  # bytes of random BF16 tiled into every tensor (content is irrelevant)
+_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+_REPO = "bench/target-{}"
+_VOCAB = 32768
 
 
-def _build(root: Path, target_gb: float, hidden: int, inter: int) -> tuple[int, int]:
+def _random_block() -> bytes:
+    rng = np.random.default_rng(0)
+    vals = (rng.standard_normal(_BLOCK // 2, dtype=np.float32) * 0.02).view(np.uint32)
+    return (vals >> 16).astype(np.uint16).tobytes()  # finite BF16 (truncated float32)
+
+
+def _write_shard(path: Path, tensors: dict[str, tuple[int, ...]], block: bytes) -> str:
+    """A BF16 safetensors file filled with ``block`` repeated; returns its sha256."""
+    specs = [TensorSpec(n, "BF16", s) for n, s in tensors.items()]
+    sha = hashlib.sha256()
+    with open(path, "wb") as f:
+        head = safetensors_header(specs, {"format": "pt"})
+        f.write(head)
+        sha.update(head)
+        for spec in specs:
+            left = spec.nbytes
+            while left:
+                chunk = block[: min(left, len(block))]
+                f.write(chunk)
+                sha.update(chunk)
+                left -= len(chunk)
+    return sha.hexdigest()
+
+
+def _drafter(layers: int, h: int, inter: int) -> dict[str, tuple[int, ...]]:
+    t: dict[str, tuple[int, ...]] = {"mtp.fc.weight": (h, 2 * h)}
+    for n in ("mtp.norm.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.pre_fc_norm_embedding.weight"):
+        t[n] = (h,)
+    for i in range(layers):
+        p = f"mtp.layers.{i}."
+        t |= {
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (4 * h, h),
+            p + "self_attn.k_proj.weight": (h // 8, h),
+            p + "self_attn.v_proj.weight": (h // 8, h),
+            p + "self_attn.o_proj.weight": (h, 2 * h),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        }
+    return t
+
+
+def _build(root: Path, target_gb: float, args: argparse.Namespace, block: bytes) -> dict[str, str]:
+    """A checkpoint with ``target_gb`` of target shards (1.2 GB each) and the drafter shard."""
     root.mkdir(parents=True)
-    g = torch.Generator().manual_seed(0)
-    shard_bytes = 1 << 30
-    n_target = max(1, int(target_gb))
-    weight_map: dict[str, str] = {}
-    total = 0
-    files = n_target + 1
-    for i in range(n_target):
-        name = f"model-{i + 1:05d}-of-{files:05d}.safetensors"
-        rows = shard_bytes // 2 // hidden
-        t = {f"model.layers.{i}.mlp.big.weight": torch.randn(rows, hidden, generator=g).to(torch.bfloat16)}
-        save_file(t, str(root / name))
-        weight_map.update({k: name for k in t})
-        total += shard_bytes
-    h, q = hidden, 2 * hidden
-    drafter = {
-        "mtp.fc.weight": (h, 2 * h),
-        "mtp.layers.0.self_attn.q_proj.weight": (2 * q, h),
-        "mtp.layers.0.self_attn.k_proj.weight": (h // 8, h),
-        "mtp.layers.0.self_attn.v_proj.weight": (h // 8, h),
-        "mtp.layers.0.self_attn.o_proj.weight": (h, q),
-        "mtp.layers.0.mlp.gate_proj.weight": (inter, h),
-        "mtp.layers.0.mlp.up_proj.weight": (inter, h),
-        "mtp.layers.0.mlp.down_proj.weight": (h, inter),
-    }
-    last = f"model-{files:05d}-of-{files:05d}.safetensors"
-    t = {k: (torch.randn(*s, generator=g) * 0.02).to(torch.bfloat16) for k, s in drafter.items()}
-    for n in (
-        "mtp.norm.weight",
-        "mtp.pre_fc_norm_hidden.weight",
-        "mtp.pre_fc_norm_embedding.weight",
-        "mtp.layers.0.input_layernorm.weight",
-        "mtp.layers.0.post_attention_layernorm.weight",
-    ):
-        t[n] = torch.ones(h, dtype=torch.bfloat16)
-    t["lm_head.weight"] = torch.randn(32768, h, generator=g).to(torch.bfloat16)
-    t["model.embed_tokens.weight"] = torch.randn(32768, h, generator=g).to(torch.bfloat16)
-    drafter_bytes = sum(v.numel() * 2 for k, v in t.items() if k.startswith("mtp."))
-    save_file(t, str(root / last))
-    weight_map.update({k: last for k in t})
-    total += sum(v.numel() * 2 for v in t.values())
+    h = args.hidden
+    per = int(1.2e9)
+    n = max(1, round(target_gb * 1e9 / per))
+    files = n + 1
+    shards: dict[str, dict[str, tuple[int, ...]]] = {}
+    for i in range(n):
+        t: dict[str, tuple[int, ...]] = {f"model.layers.{i}.mlp.big.weight": (per // 2 // h, h)}
+        if i == 0:  # embedding and head live in the target, as in real checkpoints
+            t = {"model.embed_tokens.weight": (_VOCAB, h), "lm_head.weight": (_VOCAB, h)}
+            t[f"model.layers.{i}.mlp.big.weight"] = ((per - 4 * _VOCAB * h) // 2 // h, h)
+        shards[f"model-{i + 1:05d}-of-{files:05d}.safetensors"] = t
+    shards[f"model-{files:05d}-of-{files:05d}.safetensors"] = _drafter(
+        args.drafter_layers, h, args.intermediate
+    )
+    digests = {name: _write_shard(root / name, t, block) for name, t in shards.items()}
+    weight_map = {k: name for name, t in shards.items() for k in t}
+    total = sum(TensorSpec(k, "BF16", s).nbytes for t in shards.values() for k, s in t.items())
     (root / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
     )
-    (root / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "qwen3_5_text",
-                "architectures": ["Qwen3_5ForCausalLM"],
-                "hidden_size": h,
-                "num_hidden_layers": n_target,
-                "mtp_num_hidden_layers": 1,
-                "vocab_size": 32768,
-            }
-        )
-    )
-    return total, drafter_bytes
+    config = {
+        "model_type": "qwen3_5_text",
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "hidden_size": h,
+        "num_hidden_layers": n,
+        "mtp_num_hidden_layers": args.drafter_layers,
+        "vocab_size": _VOCAB,
+    }
+    (root / "config.json").write_text(json.dumps(config))
+    for p in root.iterdir():
+        if p.name not in digests:
+            digests[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return digests
 
 
-def _write_download_records(src: Path) -> None:
-    import hashlib
+def _hub_cache(hf_home: Path, repo_id: str, src: Path, digests: dict[str, str]) -> None:
+    """``src`` laid out as huggingface_hub's cache: blobs (hard links to the same
+    files, named by sha256) and a snapshot of symlinks."""
+    repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    snap = repo / "snapshots" / _COMMIT
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(_COMMIT)
+    for name, digest in digests.items():
+        blob = repo / "blobs" / digest
+        os.link(src / name, blob)
+        (snap / name).symlink_to(os.path.relpath(blob, snap))
 
-    meta = src / ".cache" / "huggingface" / "download"
-    meta.mkdir(parents=True, exist_ok=True)
-    for shard in src.glob("*.safetensors"):
-        digest = hashlib.sha256(shard.read_bytes()).hexdigest()
-        (meta / f"{shard.name}.metadata").write_text(f"{'0' * 40}\n{digest}\n{time.time() + 5}\n")
+
+_RSS = (
+    "import resource, subprocess, sys, time\n"
+    "t = time.perf_counter(); subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)\n"
+    "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+)
 
 
-def _timed(cmd: list[str]) -> float:
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
+    """(wall seconds, peak RSS in KiB) of ``cmd``, measured by a fresh parent."""
     subprocess.run(["sync"], check=True)
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t0
+    out = subprocess.run(
+        [sys.executable, "-c", _RSS, *cmd], check=True, capture_output=True, text=True, env=env
+    )
+    secs, rss = out.stdout.split()
+    return float(secs), int(rss)
+
+
+def _dd(src: Path, dst: Path) -> float:
+    secs, _ = _run(["dd", f"if={src}", f"of={dst}", "bs=16M", "conv=fsync", "status=none"])
+    dst.unlink()
+    return secs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target-gb", type=float, default=8)
+    ap.add_argument("--small-gb", type=float, default=2.4)
+    ap.add_argument("--large-gb", type=float, default=9.6)
+    ap.add_argument("--drafter-layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--intermediate", type=int, default=12288)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/mtpconv-bench"))
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
     shutil.rmtree(args.dir, ignore_errors=True)
-    src = args.dir / "src"
-    total, drafter = _build(src, args.target_gb, args.hidden, args.intermediate)
+    block = _random_block()
+    hf_home = args.dir / "hf_home"
+    srcs, digests = {}, {}
+    for label, gb in (("small", args.small_gb), ("large", args.large_gb)):
+        srcs[label] = args.dir / f"src-{label}"
+        digests[label] = _build(srcs[label], gb, args, block)
+        _hub_cache(hf_home, _REPO.format(label), srcs[label], digests[label])
+    try:
+        _measure(args, srcs, hf_home)
+    finally:
+        shutil.rmtree(args.dir, ignore_errors=True)
+
+
+def _measure(args: argparse.Namespace, srcs: dict[str, Path], hf_home: Path) -> None:
     mtpconv = [sys.executable, "-m", "mtpconv", "--quiet"]
-    t_cp = _timed(["cp", "-r", str(src), str(args.dir / "copy")])
-    t_conv = _timed([*mtpconv, "quantize-mtp", str(src), str(args.dir / "v"), "--device", args.device])
-    t_conv_copy = _timed(
-        [*mtpconv, "quantize-mtp", str(src), str(args.dir / "vc"), "--device", args.device, "--copy"]
+    hub_env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+    gb = 1e9
+    sizes = {k: sum(p.stat().st_size for p in v.glob("*.safetensors")) for k, v in srcs.items()}
+    drafter_shard = sorted(srcs["large"].glob("*.safetensors"))[-1]
+    conv: dict[tuple[str, str], tuple[float, int]] = {}
+    for label in ("small", "large"):
+        for where in ("local", "hf-cache"):
+            best = (float("inf"), 0)
+            for r in range(args.repeat):
+                out = args.dir / f"v-{label}-{where}-{r}"
+                spec = str(srcs[label]) if where == "local" else _REPO.format(label)
+                secs, rss = _run(
+                    [*mtpconv, "quantize-mtp", spec, str(out), "--device", "cpu"],
+                    env=hub_env if where == "hf-cache" else None,
+                )
+                shutil.rmtree(out)
+                best = min(best, (secs, rss)) if secs < best[0] else (best[0], max(best[1], rss))
+            conv[label, where] = best
+    dd = min(_dd(drafter_shard, args.dir / "dd.out") for _ in range(args.repeat))
+    rewrite = sum(_dd(p, args.dir / "rw.out") for p in sorted(srcs["large"].glob("*.safetensors")))
+    bare = min(_run([sys.executable, "-c", "pass"])[0] for _ in range(5))
+    insp = min(_run([*mtpconv, "inspect", str(srcs["small"])])[0] for _ in range(5))
+
+    print(
+        f"drafter shard {drafter_shard.stat().st_size / gb:.2f} GB; target shards "
+        f"{(sizes['small'] - drafter_shard.stat().st_size) / gb:.2f} GB vs "
+        f"{(sizes['large'] - drafter_shard.stat().st_size) / gb:.2f} GB\n"
     )
-    _write_download_records(src)  # as `hf download --local-dir` leaves them
-    t_conv_hf = _timed([*mtpconv, "quantize-mtp", str(src), str(args.dir / "vh"), "--device", args.device])
-    gb = 1 << 30
-    rows = [
-        ("source size", f"{total / gb:.2f} GiB (drafter {drafter / gb:.2f} GiB)"),
-        ("cp -r of the source", f"{t_cp:.2f} s"),
-        ("quantize-mtp (links)", f"{t_conv:.2f} s  ({t_conv / t_cp:.2f}x cp)"),
-        ("quantize-mtp --copy", f"{t_conv_copy:.2f} s  ({t_conv_copy / t_cp:.2f}x cp)"),
-        ("quantize-mtp (links, hf local-dir download)", f"{t_conv_hf:.2f} s  ({t_conv_hf / t_cp:.2f}x cp)"),
-    ]
-    print("| measure | value |\n|---|---|")
-    for k, v in rows:
-        print(f"| {k} | {v} |")
-    shutil.rmtree(args.dir, ignore_errors=True)
+    print("| measure | local dir | HF cache |\n|---|---|---|")
+    for label in ("small", "large"):
+        cells = [
+            f"{conv[label, w][0]:.2f} s, peak RSS {conv[label, w][1] / 1024:.0f} MiB"
+            for w in ("local", "hf-cache")
+        ]
+        print(f"| quantize-mtp, {label} target | {cells[0]} | {cells[1]} |")
+    ratio = [conv["large", w][0] / conv["small", w][0] for w in ("local", "hf-cache")]
+    print(f"| large / small (target: within 1.15) | {ratio[0]:.2f} | {ratio[1]:.2f} |")
+    vs_dd = [conv["large", w][0] / dd for w in ("local", "hf-cache")]
+    print(f"| large / dd of the drafter shard ({dd:.2f} s; target <= 3) | {vs_dd[0]:.2f} | {vs_dd[1]:.2f} |")
+    vs_rw = [conv["large", w][0] / rewrite for w in ("local", "hf-cache")]
+    print(
+        f"| large / read+rewrite of every shard ({rewrite:.2f} s; target <= 0.4) "
+        f"| {vs_rw[0]:.2f} | {vs_rw[1]:.2f} |"
+    )
+    print(
+        f"\n`mtpconv inspect` {insp:.2f} s vs bare `python -c pass` {bare:.2f} s: "
+        f"+{insp - bare:.2f} s (target <= 0.5 s)"
+    )
 
 
 if __name__ == "__main__":

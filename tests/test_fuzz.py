@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from mtpconv.checkpoint.index import INDEX_NAME, load_checkpoint_files
-from mtpconv.checkpoint.safetensors_io import DTYPES, parse_header_bytes, read_header
+from mtpconv.checkpoint.safetensors_io import DTYPE_SIZES, parse_header_bytes, read_header
 from mtpconv.errors import MtpconvError
 from mtpconv.quantconfig.audit import audit_quant_configs
 from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
@@ -70,7 +70,7 @@ ints = st.one_of(
     st.integers(min_value=-(2**64), max_value=2**64),
     st.sampled_from([2**63 - 1, 2**63, 2**64 - 1, -1]),
 )
-dtypes = st.one_of(st.sampled_from(sorted(DTYPES)), st.text(max_size=6), st.integers(), st.none())
+dtypes = st.one_of(st.sampled_from(sorted(DTYPE_SIZES)), st.text(max_size=6), st.integers(), st.none())
 shapes = st.one_of(st.lists(ints, max_size=4), st.lists(junk, max_size=3), junk)
 offsets = st.one_of(st.lists(ints, min_size=2, max_size=2), st.lists(junk, max_size=3), junk)
 entries = st.one_of(
@@ -95,7 +95,7 @@ def _check_header(raw: bytes, data_size: int) -> None:
     spans = []
     for t in header.tensors.values():
         assert 8 <= t.start <= t.end <= 8 + data_size
-        assert t.end - t.start == math.prod(t.shape) * DTYPES[t.dtype][1]
+        assert t.end - t.start == math.prod(t.shape) * DTYPE_SIZES[t.dtype]
         if t.end > t.start:
             spans.append((t.start, t.end))
     spans.sort()

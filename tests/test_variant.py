@@ -197,7 +197,7 @@ def test_nan_weight_names_tensor(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_failure_mid_write_leaves_nothing(
     nvfp4_vlm_moe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import mtpconv.variant as variant
+    import mtpconv.shard_rewrite as variant
 
     calls = {"n": 0}
     real = variant.quantize_fp8_checked

@@ -14,32 +14,34 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO
-
-import torch
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 from mtpconv.errors import CheckpointFormatError
+
+if TYPE_CHECKING:
+    import torch
 
 # Largest header we accept: real headers of 200 GB checkpoints are a few MiB.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
-# safetensors dtype string -> (torch dtype, bytes per element)
-DTYPES: dict[str, tuple[torch.dtype, int]] = {
-    "F64": (torch.float64, 8),
-    "F32": (torch.float32, 4),
-    "F16": (torch.float16, 2),
-    "BF16": (torch.bfloat16, 2),
-    "I64": (torch.int64, 8),
-    "I32": (torch.int32, 4),
-    "I16": (torch.int16, 2),
-    "I8": (torch.int8, 1),
-    "U8": (torch.uint8, 1),
-    "U16": (torch.uint16, 2),
-    "U32": (torch.uint32, 4),
-    "U64": (torch.uint64, 8),
-    "BOOL": (torch.bool, 1),
-    "F8_E4M3": (torch.float8_e4m3fn, 1),
-    "F8_E5M2": (torch.float8_e5m2, 1),
+# safetensors dtype string -> bytes per element. Header work (inspect, --dry-run,
+# fix-exclusions, verify) needs only sizes; torch is imported when a tensor is read.
+DTYPE_SIZES: dict[str, int] = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
 }
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
 
@@ -113,7 +115,7 @@ def _parse_entry(name: str, entry: Any, *, file: str, data_size: int, data_start
     if not isinstance(entry, dict):
         raise CheckpointFormatError(f"{where} has a header entry that is not an object.")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if not isinstance(dtype, str) or dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
         raise CheckpointFormatError(f"{where} has unsupported dtype {dtype!r}.")
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
@@ -131,7 +133,7 @@ def _parse_entry(name: str, entry: Any, *, file: str, data_size: int, data_start
             f"{where} has data_offsets {offsets} outside the data region of {data_size} bytes; "
             "the file is truncated or corrupt."
         )
-    expected = math.prod(shape) * DTYPES[dtype][1]
+    expected = math.prod(shape) * DTYPE_SIZES[dtype]
     if end - begin != expected:
         raise CheckpointFormatError(
             f"{where} spans {end - begin} bytes but {dtype} x {shape} needs {expected}; "
@@ -189,10 +191,40 @@ def read_tensor_bytes(f: IO[bytes], info: TensorInfo) -> bytearray:
     return buf
 
 
-def read_tensor(f: BinaryIO, info: TensorInfo) -> torch.Tensor:
-    """One tensor from an open file, as a CPU torch tensor (owning its memory)."""
-    dtype = DTYPES[info.dtype][0]
-    buf = read_tensor_bytes(f, info)
+def torch_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype of a safetensors dtype string (imports torch)."""
+    import torch
+
+    table: dict[str, torch.dtype] = {
+        "F64": torch.float64,
+        "F32": torch.float32,
+        "F16": torch.float16,
+        "BF16": torch.bfloat16,
+        "I64": torch.int64,
+        "I32": torch.int32,
+        "I16": torch.int16,
+        "I8": torch.int8,
+        "U8": torch.uint8,
+        "U16": torch.uint16,
+        "U32": torch.uint32,
+        "U64": torch.uint64,
+        "BOOL": torch.bool,
+        "F8_E4M3": torch.float8_e4m3fn,
+        "F8_E5M2": torch.float8_e5m2,
+    }
+    return table[dtype]
+
+
+def tensor_from_bytes(buf: bytearray, info: TensorInfo) -> torch.Tensor:
+    """A CPU torch tensor over ``buf`` (the raw bytes of ``info``), sharing its memory."""
+    import torch
+
+    dtype = torch_dtype(info.dtype)
     if info.nbytes == 0:
         return torch.empty(info.shape, dtype=dtype)
     return torch.frombuffer(buf, dtype=dtype).reshape(info.shape)
+
+
+def read_tensor(f: BinaryIO, info: TensorInfo) -> torch.Tensor:
+    """One tensor from an open file, as a CPU torch tensor (owning its memory)."""
+    return tensor_from_bytes(read_tensor_bytes(f, info), info)

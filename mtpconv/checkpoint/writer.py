@@ -20,14 +20,15 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import torch
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from mtpconv.checkpoint.index import INDEX_NAME, index_text
-from mtpconv.checkpoint.safetensors_io import DTYPES
+from mtpconv.checkpoint.safetensors_io import DTYPE_SIZES, torch_dtype
 from mtpconv.errors import OutputError
 from mtpconv.jsonio import write_text_durably
+
+if TYPE_CHECKING:
+    import torch
 
 _TMP_MARK = ".mtpconv-tmp-"
 _COPY_CHUNK = 64 << 20
@@ -43,11 +44,13 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPES[self.dtype][1]
+        return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The raw little-endian bytes of a tensor (moved to the CPU), without a copy when contiguous."""
+    import torch
+
     flat = t.detach().to("cpu").contiguous().reshape(-1)
     return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
 
@@ -134,6 +137,7 @@ class ShardWriter:
         self.path = path
         self._specs = specs
         self._next = 0
+        self._left = 0  # bytes still due for a tensor written in parts
         self._out = HashingWriter(path)
         self._out.write(safetensors_header(specs, metadata))
 
@@ -145,13 +149,27 @@ class ShardWriter:
 
     def write(self, name: str, data: bytes | bytearray | memoryview) -> None:
         """Write the next tensor's raw bytes (it must be the next one planned)."""
-        self._expect(name, len(data))
+        self.begin(name, len(data))
+        self.write_part(data)
+
+    def begin(self, name: str, nbytes: int) -> None:
+        """Start the next tensor, whose ``nbytes`` follow through :meth:`write_part`."""
+        if self._left:
+            raise AssertionError(f"{self.path.name}: {self._left} bytes of the previous tensor unwritten")
+        self._expect(name, nbytes)
+        self._left = nbytes
+
+    def write_part(self, data: bytes | bytearray | memoryview) -> None:
+        """The next bytes of the tensor begun last."""
+        if len(data) > self._left:
+            raise AssertionError(f"{self.path.name}: {len(data) - self._left} bytes more than planned")
         self._out.write(data)
+        self._left -= len(data)
 
     def write_tensor(self, name: str, t: torch.Tensor) -> None:
         """Write the next tensor from a torch tensor of the planned dtype."""
         spec = self._specs[self._next] if self._next < len(self._specs) else None
-        if spec is not None and spec.name == name and DTYPES[spec.dtype][0] != t.dtype:
+        if spec is not None and spec.name == name and torch_dtype(spec.dtype) != t.dtype:
             raise AssertionError(f"writer expected {name} as {spec.dtype}, got {t.dtype}")
         self.write(name, tensor_bytes(t))
 
@@ -162,7 +180,7 @@ class ShardWriter:
 
     def close(self) -> str:
         """Check every planned tensor was written, fsync, and return the file's sha256."""
-        if self._next != len(self._specs):
+        if self._next != len(self._specs) or self._left:
             self._out.abort()
             raise AssertionError(f"{self.path.name}: {len(self._specs) - self._next} tensors unwritten")
         return self._out.close()

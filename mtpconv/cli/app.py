@@ -39,6 +39,7 @@ from mtpconv.cli.options import (
     EvalCorpusOpt,
     FixDestinationArg,
     ForceOpt,
+    FullOpt,
     HeadDtypeOpt,
     InPlaceOpt,
     JsonOpt,
@@ -181,6 +182,31 @@ def publish_cmd(
         show_progress=not console.is_quiet() and console.err_console.is_terminal,
     )
     render.render_publish_result(result)
+
+
+@app.command("verify")
+def verify_cmd(
+    directory: VariantDirArg,
+    *,
+    full: FullOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Check a -mtpfp8 variant against its manifest; exit 1 naming every changed file."""
+    _apply_switches(quiet=quiet, debug=debug)
+    from mtpconv.commands.verify import verify_variant
+
+    with console.byte_progress() as progress:
+        report = verify_variant(directory, full=full, progress=progress)
+    if as_json:
+        render.render_json(report)
+    else:
+        render.render_verify(report)
+    if not report.ok:
+        if as_json:
+            console.error(render.verify_failure(report))
+        raise typer.Exit(1)
 
 
 @app.command("quantize-mtp")

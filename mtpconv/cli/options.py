@@ -171,3 +171,9 @@ PublishDryRunOpt = Annotated[
 KeepCardOpt = Annotated[
     bool, typer.Option("--keep-card", help="Upload the directory's README.md as the card.")
 ]
+
+# verify
+FullOpt = Annotated[
+    bool,
+    typer.Option("--full", help="Also hash the files the manifest records without a sha256 (slow)."),
+]

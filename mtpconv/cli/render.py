@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from mtpconv import console
@@ -24,13 +25,19 @@ if TYPE_CHECKING:
     from mtpconv.commands.publish import PublishPlan, PublishResult
     from mtpconv.commands.quantize_mtp import ConversionReport
     from mtpconv.commands.set_draft_window import DraftWindowReport
+    from mtpconv.commands.verify import VerifyReport
     from mtpconv.draft_vocab.report import DraftVocabReport
 
 _SEVERITY_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
 
 def render_json(
-    report: InspectReport | ConversionReport | FixReport | DraftVocabReport | DraftWindowReport,
+    report: InspectReport
+    | ConversionReport
+    | FixReport
+    | DraftVocabReport
+    | DraftWindowReport
+    | VerifyReport,
 ) -> None:
     """A report as one JSON document on stdout (``--json``)."""
     console.emit_json(report.to_dict())
@@ -191,6 +198,43 @@ def render_publish_result(result: PublishResult) -> None:
     plan = result.plan
     console.info(f"Published {plan.repo_id}.")
     _echo(result.pr_url or result.commit_url or result.repo_url or plan.repo_id)
+
+
+_VERIFY_NOTE = {
+    "ok": "sha256 matches",
+    "consistent": "no sha256 recorded; size and mtime match",
+    "changed": "sha256 differs from the manifest",
+    "restamped": "no sha256 recorded; size or mtime differs from the record",
+    "missing": "missing",
+}
+
+
+def render_verify(r: VerifyReport) -> None:
+    """Every file and what was found (stdout); a failure as one ``Error:`` line (stderr)."""
+    t = Table(title=f"[bold]{r.directory}[/bold]", title_justify="left")
+    for col in ("file", "state", "checked by"):
+        t.add_column(col)
+    for c in r.files:
+        how = "sha256" if c.known else ("size+mtime, sha256 computed" if c.sha256 else "size+mtime")
+        style = "red" if c.state.bad else ("green" if c.known else "yellow")
+        t.add_row(escape(c.path), f"[{style}]{_VERIFY_NOTE[c.state.value]}[/{style}]", how)
+    out_console.print(t)
+    if r.ok:
+        unverified = sum(1 for c in r.files if not c.known)
+        note = f" ({unverified} without a recorded sha256, checked by size and mtime)" if unverified else ""
+        console.info(f"{r.directory} matches its manifest{note}.")
+    else:
+        console.error(verify_failure(r))
+
+
+def verify_failure(r: VerifyReport) -> str:
+    """The one sentence naming the files of a variant that fail verification."""
+    bad = [f"{c.path} ({c.state.value})" for c in r.bad]
+    shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    return (
+        f"{shown} in {r.directory} no longer match mtpconv.json: the variant was modified "
+        "after conversion. Re-run `mtpconv quantize-mtp`."
+    )
 
 
 def _echo(line: str) -> None:

@@ -165,17 +165,30 @@ def _layout_findings(layout: MtpLayout) -> list[Finding]:
 
 
 def _variant_finding(manifest: Manifest) -> Finding:
-    """In a variant, FP8 drafter tensors excluded from the target's config are by design."""
+    """How stock vLLM and the plugin read a variant's FP8 drafter (from its manifest)."""
     fp8 = len(manifest.drafter.fp8_linears)
     if manifest.draft_vocab is not None and manifest.draft_vocab.head_dtype == "fp8":
         fp8 += 1
+    if manifest.drafter.declaration == "standard":
+        algos = sorted(set(manifest.drafter.declared_algorithms.values()))
+        how = (
+            "declared FP8 in the source's quant dialect"
+            + (f" ({', '.join(algos)})" if algos else "")
+            + ": stock vLLM loads them with its own FP8 methods; the mtpconv plugin adds "
+            "its kernels and the truncated draft head"
+        )
+    else:
+        how = (
+            "excluded from the target's quant config: only the mtpconv vLLM plugin builds "
+            "them FP8 (stock vLLM refuses them)"
+        )
+    kept = manifest.drafter.kept_bf16
+    tail = f"; kept BF16: {', '.join(sorted(kept))} ({'; '.join(sorted(set(kept.values())))})" if kept else ""
     return Finding(
         Severity.INFO,
         "mtpconv-fp8-drafter",
         "mtp",
-        f"{fp8} drafter tensors are FP8 as recorded in mtpconv.json and excluded from "
-        "the target's quant config: serve with the mtpconv vLLM plugin (stock vLLM "
-        "refuses them).",
+        f"{fp8} drafter tensors are FP8 as recorded in mtpconv.json, {how}{tail}.",
     )
 
 

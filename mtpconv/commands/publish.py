@@ -72,6 +72,7 @@ class UploadItem:
     path_in_repo: str
     size: int
     local: Path | None
+    sha256: str | None = None  # computed while verifying: the upload does not hash it again
 
 
 @dataclass
@@ -154,14 +155,18 @@ def plan_publish(
             target = f"{user}/{target}"
     if not target.startswith(f"{USER_PLACEHOLDER}/"):
         _validate_repo_id(target)
-    verify_variant_digests(root, manifest, progress)
+    digests = verify_variant_digests(root, manifest, progress)
 
     kept = keep_card and (root / CARD_NAME).is_file()
     if keep_card and not kept and notify is not None:
         notify(f"{root} has no {CARD_NAME} to keep; generating the model card.")
     card = None if kept else build_model_card(root, manifest, target)
-    listed = sorted([*manifest.files, MANIFEST_NAME])
-    items = [UploadItem(rel, (root / rel).stat().st_size, root / rel) for rel in listed if rel != CARD_NAME]
+    listed = sorted([*manifest.variant_files, MANIFEST_NAME])
+    items = [
+        UploadItem(rel, (root / rel).stat().st_size, root / rel, digests.get(rel))
+        for rel in listed
+        if rel != CARD_NAME
+    ]
     if card is None:
         items.append(UploadItem(CARD_NAME, (root / CARD_NAME).stat().st_size, root / CARD_NAME))
     else:
@@ -214,13 +219,15 @@ def upload_plan(
         with step(f"creating branch {rev} in {repo_id}"):
             hub.create_branch(repo_id, branch=rev, token=token, exist_ok=True)
 
-    operations = [
-        CommitOperationAdd(
+    operations = []
+    for item in plan.items:
+        op = CommitOperationAdd(
             path_in_repo=item.path_in_repo,
             path_or_fileobj=str(item.local) if item.local is not None else (plan.card or "").encode("utf-8"),
         )
-        for item in plan.items
-    ]
+        if item.sha256 is not None:  # verified against the manifest: hash each file once
+            op.upload_info.sha256 = bytes.fromhex(item.sha256)
+        operations.append(op)
     say(
         f"Uploading {len(plan.items)} files ({human_bytes(plan.total_bytes)}) to {repo_id}"
         + (f" @ {rev}" if rev else "")

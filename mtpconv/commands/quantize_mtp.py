@@ -11,9 +11,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.checkpoint.index import CheckpointFiles
@@ -27,7 +25,6 @@ from mtpconv.checkpoint.source import (
 from mtpconv.checkpoint.writer import atomic_output_dir
 from mtpconv.conversion_options import Device, HeadDtype
 from mtpconv.errors import ConversionError, interruptible
-from mtpconv.formats.fp8 import QuantError
 from mtpconv.jsonio import read_json
 from mtpconv.layouts import MtpLayout, detect_layout, linear_modules, module_of, text_config
 from mtpconv.manifest import check_draft_window, read_manifest
@@ -36,7 +33,14 @@ from mtpconv.quantconfig.compressed_tensors import with_declared_layouts
 from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
 from mtpconv.quantconfig.rewrite import RewrittenConfigs
 from mtpconv.quantconfig.standard import DrafterDeclaration, standard_configs
-from mtpconv.variant import Progress, VariantInputs, write_variant
+
+if TYPE_CHECKING:
+    # torch (through the FP8 math and the writer) is imported only when a variant is
+    # written: --dry-run reads headers and needs none of it.
+    import torch
+
+    from mtpconv.formats.fp8 import QuantError
+    from mtpconv.variant import Progress
 
 
 @dataclass
@@ -87,12 +91,18 @@ class ConversionReport:
         }
 
 
-def pick_device(device: str) -> torch.device:
-    """The torch device for ``device`` (a :class:`Device` value); CUDA must exist when asked for."""
+def _device_choice(device: str) -> Device:
     try:
-        choice = Device(device)
+        return Device(device)
     except ValueError:
         raise ConversionError(f"--device must be auto, cpu or cuda, not {device!r}.") from None
+
+
+def pick_device(device: str) -> torch.device:
+    """The torch device for ``device`` (a :class:`Device` value); CUDA must exist when asked for."""
+    import torch
+
+    choice = _device_choice(device)
     if choice is Device.AUTO:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if choice is Device.CUDA and not torch.cuda.is_available():
@@ -189,7 +199,8 @@ def quantize_mtp(
     manifest; it must be below the model's max context.
     """
     started = time.monotonic()
-    dev = pick_device(device)
+    # A dry run reads headers only, so it does not import torch to resolve "auto".
+    dev = _device_choice(device).value if dry_run else pick_device(device)
     source, files, configs, layout = _load(source_spec, revision, headers_only=dry_run)
     if draft_window is not None:
         check_draft_window(draft_window, configs.config, str(configs.config_path or source_spec))
@@ -217,6 +228,9 @@ def quantize_mtp(
     )
     if dry_run:
         return report
+    from mtpconv.variant import VariantInputs, write_variant
+
+    assert not isinstance(dev, str)
     inputs = VariantInputs(
         source=source,
         files=files,

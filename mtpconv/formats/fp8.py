@@ -12,10 +12,11 @@ per-tensor quantization.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 import numpy as np
 import torch
+
+from mtpconv.formats.scale_layout import ScaleLayout, stored_scale_shape
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -51,40 +52,6 @@ def _div_fp8_max(amax: torch.Tensor) -> torch.Tensor:
     # A 0-d tensor divisor, not a Python float: CUDA turns `t / 448.0` into a multiply by
     # the reciprocal (last-bit differences from the CPU); tensor / tensor divides exactly.
     return amax / torch.tensor(FP8_MAX, dtype=torch.float32, device=amax.device)
-
-
-BLOCK = 128  # the block edge of vLLM's FP8_PB_WO / FP8_BLOCK_SCALES (weight_block_size)
-
-
-class ScaleLayout(str, Enum):
-    """How a drafter linear's per-tensor scale is stored (DESIGN §5)."""
-
-    PER_CHANNEL = "per_channel"  # float32 [out]: ModelOpt FP8_PER_CHANNEL_PER_TOKEN
-    BLOCK_128 = "block_128"  # float32 [ceil(out/128), ceil(in/128)] (per expert): FP8_PB_WO
-    PER_CHANNEL_COLUMN = "per_channel_column"  # float32 [out, 1]: compressed-tensors channel
-
-    def __str__(self) -> str:
-        return self.value
-
-
-def stored_scale_shape(
-    layout: ScaleLayout, shape: tuple[int, ...], fused_halves: bool = False
-) -> tuple[int, ...]:
-    """The stored scale's shape for a weight of ``shape`` ([out, in] or [E, out, in]).
-
-    ``fused_halves``: a fused ``gate_up_proj`` [E, 2I, H] whose block rows are counted
-    per half (gate blocks, then up blocks), as vLLM's fused-MoE loader splits it.
-    """
-    *lead, out, inp = shape
-    if layout is ScaleLayout.PER_CHANNEL:
-        return (*lead, out)
-    if layout is ScaleLayout.PER_CHANNEL_COLUMN:
-        return (*lead, out, 1)
-    if fused_halves:
-        if out % 2:
-            raise ValueError(f"a fused gate_up weight needs an even row count, got {out}")
-        return (*lead, 2 * -(-(out // 2) // BLOCK), -(-inp // BLOCK))
-    return (*lead, -(-out // BLOCK), -(-inp // BLOCK))
 
 
 def stored_scale(

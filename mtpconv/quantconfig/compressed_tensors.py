@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mtpconv.errors import QuantConfigError
-from mtpconv.formats.fp8 import ScaleLayout
+from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.layouts import Linear
 from mtpconv.names import drafter_alias
 from mtpconv.quantconfig.declarations import DeclaredQuant, all_declarations, declared_algorithm

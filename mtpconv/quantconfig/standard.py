@@ -28,7 +28,7 @@ from typing import Any
 
 from mtpconv import __version__
 from mtpconv.errors import QuantConfigError
-from mtpconv.formats.fp8 import ScaleLayout
+from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.layouts import Linear
 from mtpconv.names import drafter_name
 from mtpconv.quantconfig import compressed_tensors as ct

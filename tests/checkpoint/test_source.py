@@ -13,7 +13,7 @@ import pytest
 
 from mtpconv.commands.inspect import inspect_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
-from mtpconv.manifest import read_manifest
+from mtpconv.manifest import FileStamp, read_manifest
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import HUB_COMMIT, populate_hub_cache, raw_tensors, run_cli
 
@@ -140,7 +140,9 @@ def test_stale_download_record_is_ignored(tmp_path: Path) -> None:
     quantize_mtp(str(src), tmp_path / "v", device="cpu")
     manifest = read_manifest(tmp_path / "v")
     assert manifest is not None
-    assert manifest.files[first.name] == hashlib.sha256(first.read_bytes()).hexdigest()
+    # a stale record is no digest: the linked shard is recorded by size and mtime, unhashed
+    assert first.name not in manifest.files
+    assert manifest.unhashed[first.name] == FileStamp(first.stat().st_size, first.stat().st_mtime_ns)
 
 
 def _fake_hub(

@@ -133,3 +133,15 @@ def test_bad_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_usage_error_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, _ = run_cli(["inspect"], capsys)
     assert code == 2
+
+
+def test_variant_finding_says_how_stock_vllm_reads_the_drafter(tmp_path: Path) -> None:
+    from mtpconv.commands.quantize_mtp import quantize_mtp
+
+    src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5", quant="nvfp4"))
+    quantize_mtp(str(src), tmp_path / "dst")
+    finding = next(
+        f for f in inspect_checkpoint(str(tmp_path / "dst")).findings if f.code == "mtpconv-fp8-drafter"
+    )
+    assert "FP8_PER_CHANNEL_PER_TOKEN" in finding.message
+    assert "stock vLLM loads them with its own FP8 methods" in finding.message

@@ -7,7 +7,6 @@ import torch
 
 from mtpconv.formats.fp8 import (
     FP8_MAX,
-    ScaleLayout,
     dequantize_fp8,
     fp8_scale,
     quant_error,
@@ -15,6 +14,7 @@ from mtpconv.formats.fp8 import (
     stored_scale,
 )
 from mtpconv.formats.nvfp4 import dequantize_nvfp4, dequantize_nvfp4_ct, pack_e2m1_codes, unpack_e2m1_codes
+from mtpconv.formats.scale_layout import ScaleLayout
 
 
 def test_fp8_scale_is_amax_over_448() -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from mtpconv.commands.quantize_mtp import quantize_mtp
-from mtpconv.formats.fp8 import ScaleLayout, dequantize_fp8, quantize_fp8, stored_scale
+from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8, stored_scale
+from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.manifest import read_manifest
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
 

@@ -1,0 +1,68 @@
+"""Header-only commands never import torch (it costs over a second at start-up).
+
+Each case runs the CLI in-process in a fresh interpreter and then looks at
+``sys.modules``: ``inspect``, ``quantize-mtp --dry-run``, ``fix-exclusions`` and
+``verify`` read safetensors headers and JSON only.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtpconv.commands.quantize_mtp import quantize_mtp
+from mtpconv.testing.checkpoints import Spec, write_checkpoint
+
+_PROBE = """
+import sys
+from mtpconv.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code or 0
+print("EXIT", code, "TORCH", "torch" in sys.modules, file=sys.stderr)
+"""
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("no_torch")
+    src = write_checkpoint(root / "src", Spec(family="qwen3_5_moe", quant="nvfp4", shards=2))
+    quantize_mtp(str(src), root / "variant", device="cpu")
+    return src, root / "variant"
+
+
+def _probe(args: list[str]) -> str:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env, timeout=120
+    )
+    return done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["inspect", "dry-run", "fix-exclusions", "verify"],
+)
+def test_header_only_command_imports_no_torch(
+    case: str, checkpoints: tuple[Path, Path], tmp_path: Path
+) -> None:
+    src, variant = checkpoints
+    args = {
+        "inspect": ["inspect", str(src), "--json"],
+        "dry-run": ["quantize-mtp", str(src), str(tmp_path / "v"), "--dry-run", "--json"],
+        "fix-exclusions": ["fix-exclusions", str(src), str(tmp_path / "fixed")],
+        "verify": ["verify", str(variant), "--json"],
+    }[case]
+    assert _probe(args) == "EXIT 0 TORCH False"
+
+
+def test_the_probe_sees_torch_when_a_command_needs_it(checkpoints: tuple[Path, Path], tmp_path: Path) -> None:
+    src, _ = checkpoints
+    assert _probe(["quantize-mtp", str(src), str(tmp_path / "v"), "--device", "cpu", "-q"]) == (
+        "EXIT 0 TORCH True"
+    )

@@ -1,0 +1,46 @@
+"""The rewrite pipeline: one fsync per written file, source digests from the reads."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from mtpconv.commands.quantize_mtp import quantize_mtp
+from mtpconv.manifest import read_manifest
+from mtpconv.testing.checkpoints import Spec, write_checkpoint
+
+
+@pytest.mark.parametrize("quant", ["bf16", "nvfp4"])
+def test_each_written_file_is_fsynced_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quant: str
+) -> None:
+    src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5_moe", quant=quant, shards=3))
+    synced: Counter[str] = Counter()
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if path.is_file():
+            synced[path.name] += 1
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    plan = quantize_mtp(str(src), tmp_path / "v", device="cpu", copy=True).plan
+    written = [p.name for p in (tmp_path / "v").iterdir()]
+    # temp names (".x.tmp-PID") of the JSON writers count for the file they become
+    by_final = Counter({n: c for n, c in synced.items() if not n.startswith(".")})
+    for n, c in synced.items():
+        if n.startswith("."):
+            by_final[next(w for w in written if n.startswith(f".{w}"))] += c
+    assert dict(by_final) == {n: 1 for n in written}
+    manifest = read_manifest(tmp_path / "v")
+    assert manifest is not None
+    for shard in plan.rewritten:  # hashed by the pipeline's own reads
+        assert (
+            manifest.source["files"][shard.file]
+            == hashlib.sha256((src / shard.file).read_bytes()).hexdigest()
+        )
