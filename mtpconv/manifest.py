@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any
 
 from mtpconv import __version__
-from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.errors import DraftWindowError, ManifestError
 from mtpconv.jsonio import read_json, write_text_durably
 
@@ -296,19 +295,3 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest | None:
         path, ManifestError, require_object=False, remedy="convert the source again or restore the variant"
     )
     return parse_manifest(doc, str(path))
-
-
-def verify_files(directory: str | os.PathLike[str], manifest: Manifest) -> list[str]:
-    """Relative paths (sorted) that are missing, whose sha256 differs from the
-    manifest, or (unhashed files) whose size or mtime differs from the record."""
-    bad = []
-    for rel in manifest.variant_files:
-        path = Path(directory) / rel
-        if not path.is_file():
-            bad.append(rel)
-        elif rel in manifest.files:
-            if sha256_file(path) != manifest.files[rel]:
-                bad.append(rel)
-        elif FileStamp.of(path) != manifest.unhashed[rel]:
-            bad.append(rel)
-    return bad

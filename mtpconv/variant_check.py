@@ -57,6 +57,11 @@ class FileCheck:
     known: bool = True  # the manifest records its sha256
 
 
+def bad_files(root: str | os.PathLike[str], manifest: Manifest) -> list[str]:
+    """The listed files (sorted) that are missing, changed, or restamped: ``[]`` when intact."""
+    return [c.path for c in check_files(root, manifest) if c.state.bad]
+
+
 def check_files(
     root: str | os.PathLike[str],
     manifest: Manifest,

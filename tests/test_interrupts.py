@@ -25,8 +25,9 @@ import pytest
 
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.errors import MtpconvError
-from mtpconv.manifest import read_manifest, verify_files
+from mtpconv.manifest import read_manifest
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
+from mtpconv.variant_check import bad_files
 from tests.helpers import run_cli, tree_digest
 from tests.test_reliability import snapshot
 
@@ -126,7 +127,7 @@ def test_sigkill_then_next_run_cleans_up(big_src: Path, big_digest: dict[str, st
     assert proc.returncode == 0, err
     assert _leftovers(dst.parent) == [dst.name]
     manifest = read_manifest(dst)
-    assert manifest is not None and verify_files(dst, manifest) == []
+    assert manifest is not None and bad_files(dst, manifest) == []
     assert tree_digest(big_src) == big_digest
 
 
@@ -342,7 +343,7 @@ def test_two_processes_one_destination(big_src: Path, big_digest: dict[str, str]
     assert str(dst) in line and ("another mtpconv process" in line or "already exists" in line), line
     assert _leftovers(dst.parent) == [dst.name]
     manifest = read_manifest(dst)
-    assert manifest is not None and verify_files(dst, manifest) == []
+    assert manifest is not None and bad_files(dst, manifest) == []
     assert tree_digest(big_src) == big_digest
 
 
@@ -372,4 +373,4 @@ def test_racing_threads_one_destination(small_src: Path, tmp_path: Path) -> None
         assert "another mtpconv process" in e or "already exists" in e, e
     assert _leftovers(dst.parent) == ["v"]
     manifest = read_manifest(dst)
-    assert manifest is not None and verify_files(dst, manifest) == []
+    assert manifest is not None and bad_files(dst, manifest) == []

@@ -838,7 +838,8 @@ def test_unreadable_shard_by_permissions(
 def test_source_ids_file_is_not_written_through(small_src: Path, tmp_path: Path) -> None:
     """A source that ships its own mtp_draft_vocab_ids.pt keeps it byte for byte: the
     variant's ids file replaces the hard link instead of writing through it."""
-    from mtpconv.manifest import read_manifest, verify_files
+    from mtpconv.manifest import read_manifest
+    from mtpconv.variant_check import bad_files
 
     src = _copy(small_src, tmp_path)
     torch.save(torch.arange(10, dtype=torch.int64), src / "mtp_draft_vocab_ids.pt")
@@ -851,7 +852,7 @@ def test_source_ids_file_is_not_written_through(small_src: Path, tmp_path: Path)
         torch.load(tmp_path / "v" / "mtp_draft_vocab_ids.pt", weights_only=True), torch.arange(0, 40, 2)
     )
     manifest = read_manifest(tmp_path / "v")
-    assert manifest is not None and verify_files(tmp_path / "v", manifest) == []
+    assert manifest is not None and bad_files(tmp_path / "v", manifest) == []
 
 
 def test_output_files_are_always_new(tmp_path: Path) -> None:

@@ -14,10 +14,11 @@ from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.errors import ConversionError, OutputError
 from mtpconv.formats.nvfp4 import dequantize_nvfp4
 from mtpconv.layouts import module_of
-from mtpconv.manifest import read_manifest, verify_files
+from mtpconv.manifest import read_manifest
 from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
 from mtpconv.quantconfig.documents import load_quant_configs
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
+from mtpconv.variant_check import bad_files
 from tests.helpers import load_tensor, raw_tensors, run_cli, tree_digest
 
 
@@ -69,7 +70,7 @@ def _check_variant(src: Path, dst: Path) -> None:
         indexed = {k: v for k, v in after.items() if "draft_lm_head" not in k}  # head: own file
         assert set(index["weight_map"]) == set(indexed)
         assert index["metadata"]["total_size"] == sum(len(v[2]) for v in indexed.values())
-    assert verify_files(dst, manifest) == []
+    assert bad_files(dst, manifest) == []
 
 
 def test_nvfp4_vlm_moe_variant(nvfp4_vlm_moe: Path, tmp_path: Path) -> None:

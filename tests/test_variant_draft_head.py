@@ -13,8 +13,9 @@ from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.errors import ConversionError
 from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8
 from mtpconv.formats.nvfp4 import dequantize_nvfp4
-from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, read_manifest, verify_files
+from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, read_manifest
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
+from mtpconv.variant_check import bad_files
 from tests.helpers import load_tensor, run_cli
 
 IDS = [0, 1, 2, 5, 17, 100, 200, 255]
@@ -44,7 +45,7 @@ def test_bf16_head_is_exact_rows(tmp_path: Path) -> None:
     dv = manifest.draft_vocab
     assert (dv.size, dv.head_dtype, dv.coverage) == (8, "bf16", 0.9)
     assert dv.sha256 == sha256_file(dst / DRAFT_VOCAB_IDS_NAME)
-    assert verify_files(dst, manifest) == []
+    assert bad_files(dst, manifest) == []
 
 
 def test_fp8_head_within_fp8_error(tmp_path: Path) -> None:

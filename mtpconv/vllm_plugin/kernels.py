@@ -117,11 +117,8 @@ def _cuda_fp8_linear(
     x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """``scale`` is 0-d (one per tensor) or ``[N]`` (one per output row)."""
-    try:
-        from mtpconv.kernels import fp8_linear_op
-    except ImportError:
-        y = scaled_mm_per_token(x, w, scale.reshape(-1).expand(w.shape[0]).contiguous())
-        return y if bias is None else y + bias
+    from mtpconv.kernels import fp8_linear_op
+
     # The custom op keeps the kernel choice out of vLLM's compiled graph.
     out: torch.Tensor = fp8_linear_op(x, w, scale, bias)
     return out

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from mtpconv.checkpoint.digests import sha256_file
-from mtpconv.errors import DraftVocabError, ManifestError
+from mtpconv.errors import DraftVocabError, ManifestError, hub_errors
 from mtpconv.formats.draft_ids import load_draft_vocab_ids
 from mtpconv.manifest import MANIFEST_NAME, Manifest, read_manifest
 from mtpconv.names import drafter_name
@@ -54,10 +54,8 @@ def resolve_model_dir(model: str, revision: str | None = None) -> Path | None:
     path = Path(model).expanduser()
     if path.is_dir():
         return path
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
+    from huggingface_hub import try_to_load_from_cache
+
     cached = try_to_load_from_cache(model, MANIFEST_NAME, revision=revision)
     if isinstance(cached, str):
         return Path(cached).parent
@@ -71,10 +69,13 @@ def resolve_model_dir(model: str, revision: str | None = None) -> Path | None:
 
     if constants.HF_HUB_OFFLINE:
         return Path(config).parent
-    try:
-        return Path(hf_hub_download(model, MANIFEST_NAME, revision=revision)).parent
-    except EntryNotFoundError:
-        return Path(config).parent
+    with hub_errors(
+        f"fetching {MANIFEST_NAME} of {model}", repo_id=model, revision=revision, error=ManifestError
+    ):
+        try:
+            return Path(hf_hub_download(model, MANIFEST_NAME, revision=revision)).parent
+        except EntryNotFoundError:
+            return Path(config).parent
 
 
 def _ensure_file(model_dir: Path, model: str, rel: str, revision: str | None) -> Path:
@@ -83,7 +84,8 @@ def _ensure_file(model_dir: Path, model: str, rel: str, revision: str | None) ->
         return path
     from huggingface_hub import hf_hub_download
 
-    return Path(hf_hub_download(model, rel, revision=revision))
+    with hub_errors(f"fetching {rel} of {model}", repo_id=model, revision=revision, error=ManifestError):
+        return Path(hf_hub_download(model, rel, revision=revision))
 
 
 def load_draft_ids(path: Path, expected_sha256: str, vocab_size: int) -> torch.Tensor:
