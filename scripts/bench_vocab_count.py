@@ -1,21 +1,27 @@
-"""Throughput of `build-draft-vocab` counting vs raw `Tokenizer.encode_batch`, side by side.
+"""`mtpconv build-draft-vocab` vs raw `Tokenizer.encode_batch`, both as whole processes, side by side.
 
-    python scripts/bench_vocab_count.py [--source CKPT_DIR] [--corpus PATH ...] [--mb 40]
+    python scripts/bench_vocab_count.py [--source CKPT_DIR] [--corpus FILE.jsonl] [--mb 76] [--repeat 5]
 
-Without --source, trains a byte-level BPE tokenizer (--vocab-size, default 32768)
-on text from the Python standard library and writes a minimal checkpoint
-directory (tokenizer.json + config.json). Without --corpus, writes a JSON Lines
-corpus of about --mb MiB from the same kind of text (stdlib sources and docs).
+Without --source, trains a byte-level BPE tokenizer on text from
+:func:`mtpconv.testing.tokenizers.generate_text` and writes a minimal checkpoint
+directory (tokenizer.json, tokenizer_config.json, config.json). Without --corpus,
+writes a JSON Lines corpus of about --mb MiB of the same kind of text (each
+record: 20 generated lines, some with a special token written literally).
 
-Measured, alternating, best of --repeat runs each:
-- raw: `encode_batch` (and `encode_batch_fast`) over the corpus texts already in
-  memory, in the same batches the counter uses, add_special_tokens=False;
-- ours: `build_draft_vocab(...)` end to end: read + parse the corpus from disk,
-  encode, count with numpy, sha256 the corpus files, select top-K, coverage, write.
-Prints tokens/s for each (wall clock and per CPU-second of this process) and the
-ratios raw time / our time (above 1: build_draft_vocab is faster than bare encoding),
-from the best runs and as the median of the per-round ratios (robust to load that
-drifts during the run).
+Each round runs, in alternating order so that drifting load hits both alike:
+
+- raw: a fresh ``python`` that loads tokenizer.json, reads the JSONL file the
+  simplest way (``json.loads(line)["text"]`` per line) and calls
+  ``Tokenizer.encode_batch(texts, add_special_tokens=False)`` on every 1000
+  lines, summing ``len(e.ids)``: bare encoding, start-up included;
+- ours: a fresh ``python -m mtpconv build-draft-vocab SRC --corpus FILE --size K
+  -o OUT -q``: start-up, read + parse, encode, count, sha256, select, write.
+
+Prints every run (wall, CPU of the child, load average before it), the best and
+the median of each, and the ratios raw / ours (above 1: build-draft-vocab is the
+faster one): of the best runs, of the medians, and the median of the per-round
+ratios. The fixed cost of each (the same commands on a 10-record corpus) is
+measured the same way. Both must count the same number of tokens.
 """
 
 from __future__ import annotations
@@ -24,143 +30,144 @@ import argparse
 import json
 import os
 import random
+import resource
+import statistics
+import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from mtpconv.testing.tokenizers import DEFAULT_SPECIAL_TOKENS, generate_text, write_tiny_tokenizer
 
-from mtpconv.commands.build_draft_vocab import build_draft_vocab
-from mtpconv.corpus import discover_corpus_files, iter_text_batches
-
-
-def _stdlib_documents() -> list[str]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    docs = []
-    for path in sorted(root.rglob("*.py")):
-        if "site-packages" in path.parts:
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        # Split big files into documents of ~60 lines, like chunks of a web corpus.
-        lines = text.splitlines()
-        docs += ["\n".join(lines[i : i + 60]) for i in range(0, len(lines), 60)]
-    return docs
+RAW = """
+import json, sys
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1])
+n, batch = 0, []
+with open(sys.argv[2], encoding="utf-8") as f:
+    for line in f:
+        batch.append(json.loads(line)["text"])
+        if len(batch) == 1000:
+            n += sum(len(e.ids) for e in tok.encode_batch(batch, add_special_tokens=False))
+            batch = []
+n += sum(len(e.ids) for e in tok.encode_batch(batch, add_special_tokens=False))
+print(n)
+"""
 
 
-def _make_source(directory: Path, docs: list[str], vocab_size: int) -> Path:
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(docs[::4], trainer=trainer)
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    padded = -(-vocab_size // 64) * 64
-    config = {"model_type": "bench", "vocab_size": padded, "eos_token_id": 2}
+def _make_source(directory: Path, vocab_size: int) -> Path:
+    write_tiny_tokenizer(directory, vocab_size, texts=generate_text(20000, seed=0))
+    config = {"model_type": "bench", "vocab_size": vocab_size, "eos_token_id": 2}
     (directory / "config.json").write_text(json.dumps(config))
     return directory
 
 
-def _make_corpus(path: Path, docs: list[str], mib: float) -> Path:
+def _make_corpus(path: Path, mib: float) -> Path:
     rng = random.Random(0)
     target = int(mib * (1 << 20))
-    written = 0
+    written, seed = 0, 1
     with open(path, "w", encoding="utf-8") as f:
         while written < target:
-            doc = rng.choice(docs)
-            line = json.dumps({"text": doc}) + "\n"
-            f.write(line)
-            written += len(line.encode())
+            lines = generate_text(2000, seed=seed)
+            seed += 1
+            for i in range(0, len(lines), 20):
+                chunk = lines[i : i + 20]
+                if rng.random() < 0.2:
+                    chunk.append(rng.choice(DEFAULT_SPECIAL_TOKENS))
+                line = json.dumps({"text": "\n".join(chunk)}, ensure_ascii=False) + "\n"
+                f.write(line)
+                written += len(line.encode())
     return path
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+def _run(cmd: list[str]) -> tuple[float, float, float, str]:
+    """(wall s, child CPU s, 1-min load average before, stdout) of one command."""
+    load = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return wall, cpu, load, done.stdout
+
+
+def _commands(source: Path, corpus: Path, size: int, out: Path) -> dict[str, list[str]]:
+    return {
+        "raw encode_batch": [sys.executable, "-c", RAW, str(source / "tokenizer.json"), str(corpus)],
+        "build-draft-vocab": [sys.executable, "-m", "mtpconv", "build-draft-vocab", str(source)]
+        + ["--corpus", str(corpus), "--size", str(size), "-o", str(out), "-q"],
+    }
+
+
+def _bench(name: str, cmds: dict[str, list[str]], repeat: int, out: Path) -> dict[str, list[float]]:
+    """Alternating rounds; returns wall times per command; checks both count alike."""
+    walls: dict[str, list[float]] = {k: [] for k in cmds}
+    cpus: dict[str, list[float]] = {k: [] for k in cmds}
+    print(f"{name}:", flush=True)
+    for r in range(repeat):
+        order = list(cmds) if r % 2 == 0 else list(reversed(cmds))
+        tokens = {}
+        for key in order:
+            wall, cpu, load, stdout = _run(cmds[key])
+            walls[key].append(wall)
+            cpus[key].append(cpu)
+            if key == "raw encode_batch":
+                tokens[key] = int(stdout.split()[-1])
+            else:
+                tokens[key] = json.loads(Path(str(out) + ".json").read_text())["corpus"]["tokens"]
+            print(
+                f"  round {r + 1} {key:18s} wall {wall:6.2f} s  cpu {cpu:6.2f} s  load {load:4.1f}",
+                flush=True,
+            )
+        assert len(set(tokens.values())) == 1, tokens
+    for key in cmds:
+        print(
+            f"  {key:18s} wall best {min(walls[key]):6.2f} median {statistics.median(walls[key]):6.2f} s"
+            f"   cpu best {min(cpus[key]):6.2f} median {statistics.median(cpus[key]):6.2f} s"
+        )
+    raw, ours = walls["raw encode_batch"], walls["build-draft-vocab"]
+    paired = [a / b for a, b in zip(raw, ours, strict=True)]
+    cpu_raw, cpu_ours = cpus["raw encode_batch"], cpus["build-draft-vocab"]
+    print(
+        f"  ratio raw / build-draft-vocab: wall best {min(raw) / min(ours):.3f}"
+        f"  wall median {statistics.median(raw) / statistics.median(ours):.3f}"
+        f"  per round {' '.join(f'{x:.2f}' for x in paired)} (median {statistics.median(paired):.3f})"
+        f"  cpu best {min(cpu_raw) / min(cpu_ours):.3f}",
+        flush=True,
+    )
+    return walls
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--source", type=Path, help="checkpoint dir with tokenizer.json")
-    parser.add_argument("--corpus", type=Path, action="append", help="corpus file or dir")
-    parser.add_argument("--mb", type=float, default=40.0, help="generated corpus size (MiB)")
-    parser.add_argument("--vocab-size", type=int, default=32768)
-    parser.add_argument("--size", type=int, default=8192, help="K for build_draft_vocab")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--source", type=Path, help="checkpoint dir with tokenizer.json + config.json")
+    parser.add_argument("--corpus", type=Path, help="JSONL corpus with a 'text' field")
+    parser.add_argument("--mb", type=float, default=76.0, help="generated corpus size (MiB)")
+    parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument("--size", type=int, default=1024, help="K for build-draft-vocab")
+    parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench_vocab_"))
-    docs = _stdlib_documents() if (args.source is None or not args.corpus) else []
-    source = args.source or _make_source(work / "ckpt", docs, args.vocab_size)
-    corpora = args.corpus or [_make_corpus(work / "corpus.jsonl", docs, args.mb)]
-    tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
+    source = args.source or _make_source(work / "ckpt", args.vocab_size)
+    corpus = args.corpus or _make_corpus(work / "corpus.jsonl", args.mb)
+    tiny = work / "tiny.jsonl"
+    with open(corpus, encoding="utf-8") as f:
+        tiny.write_text("".join(next(f) for _ in range(10)), encoding="utf-8")
+    out = work / "ids.pt"
+    import tokenizers
 
-    files = discover_corpus_files(corpora)
-    batches = [b.texts for cf in files for b in iter_text_batches(cf)]
-    n_bytes = sum(len(t.encode()) for b in batches for t in b)
-    n_tokens = sum(len(e.ids) for b in batches for e in tokenizer.encode_batch_fast(b, False))
     print(
-        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, corpus "
-        f"{n_bytes / (1 << 20):.1f} MiB of text in {len(batches)} batches, {n_tokens:,} tokens, "
-        f"vocab {tokenizer.get_vocab_size()}",
+        f"python {sys.version.split()[0]}, tokenizers {tokenizers.__version__}, {os.cpu_count()} CPUs, "
+        f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; corpus {corpus} "
+        f"{corpus.stat().st_size / (1 << 20):.1f} MiB",
         flush=True,
     )
-
-    # Best of --repeat for each, alternating so that background load hits all alike.
-    # Wall time is what a user waits; CPU time (all threads of this process) is the
-    # steadier figure on a shared machine, where other processes steal cores.
-    best_wall: dict[str, float] = {}
-    best_cpu: dict[str, float] = {}
-    rounds: list[dict[str, float]] = []
-
-    def timed(name: str, fn: Callable[[], object]) -> None:
-        wall, cpu = time.perf_counter(), time.process_time()
-        fn()
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        best_wall[name] = min(best_wall.get(name, float("inf")), wall)
-        best_cpu[name] = min(best_cpu.get(name, float("inf")), cpu)
-        rounds[-1][name] = wall
-        print(f"  {name:24s} wall {wall:6.2f} s  cpu {cpu:6.2f} s", flush=True)
-
-    def raw(method: str) -> Callable[[], object]:
-        encode = getattr(tokenizer, method)
-        return lambda: [encode(b, add_special_tokens=False) for b in batches]
-
-    def ours() -> None:
-        report = build_draft_vocab(source, corpora, args.size, work / "ids.pt")
-        assert report.corpus.tokens == n_tokens, (report.corpus.tokens, n_tokens)
-
-    for _ in range(args.repeat):
-        rounds.append({})
-        timed("raw encode_batch", raw("encode_batch"))
-        timed("raw encode_batch_fast", raw("encode_batch_fast"))
-        timed("build_draft_vocab", ours)
-
-    print("best of each:")
-    for name in best_wall:
-        print(
-            f"{name:24s} wall {best_wall[name]:6.2f} s  {n_tokens / best_wall[name] / 1e6:5.2f} M tok/s"
-            f"   cpu {best_cpu[name]:6.2f} s  {n_tokens / best_cpu[name] / 1e6:5.2f} M tok/cpu-s"
-        )
-    for base in ("raw encode_batch", "raw encode_batch_fast"):
-        print(
-            f"ratio build_draft_vocab / {base}: wall {best_wall[base] / best_wall['build_draft_vocab']:.3f}"
-            f"  cpu {best_cpu[base] / best_cpu['build_draft_vocab']:.3f}"
-        )
-        paired = [r[base] / r["build_draft_vocab"] for r in rounds]
-        print(f"  wall, per round: {' '.join(f'{x:.2f}' for x in paired)}; median {_median(paired):.3f}")
+    _bench("fixed cost (10-record corpus)", _commands(source, tiny, args.size, out), args.repeat, out)
+    _bench(f"corpus {corpus.name}", _commands(source, corpus, args.size, out), args.repeat, out)
+    print(f"load average at the end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
