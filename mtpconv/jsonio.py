@@ -23,12 +23,17 @@ from mtpconv.errors import MtpconvError
 _TMP_SUFFIX = ".mtpconv-tmp"
 
 
-def _no_duplicate_keys(path: Path, error: type[MtpconvError]) -> Callable[[list[tuple[str, Any]]], Any]:
+def no_duplicate_keys(where: object, error: type[MtpconvError]) -> Callable[[list[tuple[str, Any]]], Any]:
+    """A ``json`` ``object_pairs_hook`` that refuses a repeated key with one ``error`` sentence."""
+
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in pairs:
             if key in out:
-                raise error(f"{path} lists {key!r} twice; the file is corrupt. Restore or re-export it.")
+                raise error(
+                    f"{where} lists {key!r} twice (a duplicate key); the file is corrupt. "
+                    "Restore or re-export it."
+                )
             out[key] = value
         return out
 
@@ -51,7 +56,7 @@ def read_json(
         raise error(f"{p} is not UTF-8 text ({exc.reason}); {remedy}.") from None
     except OSError as exc:
         raise error(f"{p} cannot be read: {exc.strerror or exc}.") from None
-    hook = _no_duplicate_keys(p, error) if reject_duplicate_keys else None
+    hook = no_duplicate_keys(p, error) if reject_duplicate_keys else None
     try:
         doc = json.loads(text, object_pairs_hook=hook)
     except json.JSONDecodeError as exc:

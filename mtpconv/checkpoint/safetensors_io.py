@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 from mtpconv.errors import CheckpointFormatError
+from mtpconv.jsonio import no_duplicate_keys
 
 if TYPE_CHECKING:
     import torch
@@ -76,22 +77,13 @@ class SafetensorsHeader:
     metadata: dict[str, str] | None
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise CheckpointFormatError(f"duplicate key {key!r}")
-        seen[key] = value
-    return seen
-
-
 def parse_header_bytes(raw: bytes, *, file: str, data_size: int, data_start: int) -> SafetensorsHeader:
     """Validate a decoded header against the size of the data region that follows it."""
     where = f"{file}: safetensors header"
     try:
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates)
-    except CheckpointFormatError as exc:
-        raise CheckpointFormatError(f"{where} has a {exc}; the file is corrupt.") from None
+        doc = json.loads(
+            raw.decode("utf-8"), object_pairs_hook=no_duplicate_keys(where, CheckpointFormatError)
+        )
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointFormatError(
             f"{where} is not valid JSON ({exc}); the file is corrupt or not safetensors."
