@@ -1,0 +1,71 @@
+"""The console-script entry point: run one command, map every failure to one
+``Error: ...`` line on stderr and its exit code (traceback only with ``--debug``)."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import sys
+
+import typer
+
+from mtpconv import console
+from mtpconv.cli.app import app, debug_requested
+from mtpconv.errors import MtpconvError
+
+_INTERRUPTED = "interrupted; nothing was left half-written."
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run one command and exit with its status."""
+    try:  # SIGTERM unwinds like Ctrl-C, so every command cleans up its temporary files
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    except ValueError:  # not the main thread (embedded use)
+        previous = None
+    try:
+        code = _run(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    sys.exit(code)
+
+
+def _run(argv: list[str] | None) -> int:
+    """Run the app; turn every failure into one ``Error:`` line and an exit code."""
+    try:
+        # Not standalone: typer would print a usage error as a usage line plus a box.
+        result = app(args=argv, standalone_mode=False)
+    except typer.TyperException as exc:  # usage and parameter errors (exit 2)
+        console.error(" ".join(exc.format_message().split()))
+        return exc.exit_code
+    except MtpconvError as exc:
+        _show_traceback()
+        console.error(str(exc))
+        return exc.exit_code
+    except OSError as exc:
+        # The library maps the failures it expects; any other OS failure (a full disk
+        # while writing the manifest, a file that cannot be opened) is still one line.
+        _show_traceback()
+        console.error(_os_error_message(exc))
+        return 1
+    except KeyboardInterrupt:
+        console.error(_INTERRUPTED)
+        return 130
+    except typer.Abort:  # end of input at a prompt
+        console.error("aborted.")
+        return 1
+    if result == 130:  # typer turns Ctrl-C into a silent exit 130: say it in one line
+        console.error(_INTERRUPTED)
+    return result if isinstance(result, int) else 0
+
+
+def _show_traceback() -> None:
+    if debug_requested():
+        console.err_console.print_exception()
+
+
+def _os_error_message(exc: OSError) -> str:
+    where = f" ({exc.filename})" if exc.filename else ""
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on the device{where}; free space and run again."
+    return f"{exc.strerror or exc}{where}; run again with --debug for details."
