@@ -44,8 +44,3 @@ def known_lfs_digest(path: Path, root: Path) -> str | None:
         return None
     etag = etag.strip().strip('"')
     return etag if fresh and _SHA256_HEX.match(etag) else None
-
-
-def file_digest(path: Path, root: Path) -> str:
-    """sha256 of a file under ``root``; free where huggingface_hub already recorded it."""
-    return known_lfs_digest(path, root) or sha256_file(os.path.realpath(path))
