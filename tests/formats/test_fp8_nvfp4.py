@@ -168,3 +168,57 @@ def test_checked_path_refuses_non_finite(bad: float) -> None:
         with pytest.raises(NonFiniteWeightError) as exc:
             quantize_fp8_checked(w)
         assert exc.value.count == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_checked_path_matches_reference_across_chunks(dtype: torch.dtype) -> None:
+    """A tensor of several table chunks (split across threads) gives the reference bytes;
+    the amax may come from a negative element."""
+    from mtpconv.formats import fp8_table
+    from mtpconv.formats.fp8 import quantize_fp8_checked
+
+    g = torch.Generator().manual_seed(2)
+    w = (torch.randn(701, 1001, generator=g) * 0.05).to(dtype)  # 2.7 chunks, not aligned
+    w[650, 999] = -9.0
+    assert w.numel() > 2 * fp8_table._CHUNK
+    got, err = quantize_fp8_checked(w)
+    ref = quantize_fp8(w)
+    assert torch.equal(got.weight.view(torch.uint8), ref.weight.view(torch.uint8))
+    assert torch.equal(got.scale, ref.scale)
+    ref_err = quant_error(w, ref)
+    assert err.amax == 9.0 and err.max_abs == ref_err.max_abs
+    assert err.rel_l2 == pytest.approx(ref_err.rel_l2, rel=1e-4)
+    codes = w.view(torch.uint16).reshape(-1).numpy()
+    hist, looked_up = fp8_table.histogram_and_lookup(
+        codes, (torch.arange(1 << 16) % 251).to(torch.uint8).numpy()
+    )
+    assert int(hist.sum()) == w.numel()
+    assert (looked_up == (codes.astype("int64") % 251)).all()
+
+
+def test_checked_path_counts_every_non_finite_value() -> None:
+    from mtpconv.formats.fp8 import NonFiniteWeightError, quantize_fp8_checked
+
+    w = torch.zeros(600, 1000, dtype=torch.float16)
+    w.view(-1)[[3, 400_000, 599_999]] = torch.tensor(
+        [float("nan"), float("-inf"), float("inf")], dtype=torch.float16
+    )
+    with pytest.raises(NonFiniteWeightError) as exc:
+        quantize_fp8_checked(w)
+    assert exc.value.count == 3
+
+
+def test_max_magnitude_is_the_largest_magnitude_pattern() -> None:
+    import numpy as np
+
+    from mtpconv.formats.fp8_table import max_magnitude
+
+    rng = np.random.default_rng(0)
+    for trial in range(500):
+        codes = rng.integers(0, 1 << 16, int(rng.integers(1, 20))).astype(np.uint16)
+        if trial % 3 == 1:
+            codes &= 0x7FFF  # all positive
+        elif trial % 3 == 2:
+            codes |= 0x8000  # all negative
+        assert max_magnitude(codes) == int((codes & 0x7FFF).max())
+    assert max_magnitude(np.zeros(0, dtype=np.uint16)) == 0
