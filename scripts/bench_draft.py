@@ -473,13 +473,31 @@ def skinny_configs(t: int, sms: int) -> list[Any]:
 
     cfgs = []
     if t == 1:
-        for bn, bk, warps in [(8, 256, 4), (16, 256, 4), (32, 256, 8), (8, 512, 4), (16, 512, 8)]:
+        shapes = [
+            (4, 512, 4),
+            (8, 256, 4),
+            (16, 256, 4),
+            (32, 256, 8),
+            (8, 512, 4),
+            (16, 512, 8),
+            (8, 1024, 8),
+        ]
+        for bn, bk, warps in shapes:
             for progs in (4, 8, 12, 16):
-                cfgs.append(Config(False, bn, bk, warps, 3, progs * sms))
+                for stages in (3, 4):
+                    cfgs.append(Config(False, bn, bk, warps, stages, progs * sms))
         return cfgs
-    for mma in (1, 2, 3):
-        for bn, bk, progs in [(64, 128, 4), (32, 256, 2), (32, 256, 4), (64, 256, 2)]:
-            cfgs.append(Config(True, bn, bk, 4, 3, progs * sms, mma))
+    tiles = [
+        (64, 128, 4, 4),
+        (32, 256, 4, 2),
+        (32, 256, 4, 4),
+        (64, 256, 4, 2),
+        (128, 128, 4, 2),
+        (64, 128, 8, 8),
+    ]
+    for bn, bk, warps, progs in tiles:
+        for stages in (3, 4):
+            cfgs.append(Config(True, bn, bk, warps, stages, progs * sms, 2))
     return cfgs
 
 
@@ -555,11 +573,21 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
             distinct = sum(int(i.unique().numel()) for i in id_sets) / len(id_sets)
             for proj, ex, x, act in (("experts_gate_up", ex_gu, h, False), ("experts_down", ex_dn, y, True)):
                 res = []
-                cfgs: list[tuple[int, int, int, int, bool]] = [
-                    (bn, bk, 4, st, True) for bn in (32, 64, 128) for bk in (128, 256) for st in (3, 4)
+                modes = (triton_moe.DOT, triton_moe.DOT_FP8)
+                cfgs: list[tuple[int, int, int, int, int]] = [
+                    (bn, bk, 4, st, mode)
+                    for bn in (32, 64, 128)
+                    for bk in (128, 256)
+                    for st in (3, 4)
+                    for mode in modes
                 ]
                 if t == 1:
-                    cfgs += [(bn, bk, 4, 3, False) for bn in (8, 16, 32) for bk in (256, 512)]
+                    cfgs += [
+                        (bn, bk, 4, st, triton_moe.FMA)
+                        for bn in (8, 16, 32)
+                        for bk in (256, 512)
+                        for st in (3, 4)
+                    ]
                 for cfg in cfgs:
 
                     def g(

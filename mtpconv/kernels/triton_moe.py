@@ -149,9 +149,13 @@ def _moe_grouped_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     DOT: tl.constexpr,
+    FP8_MMA: tl.constexpr,
 ):
     # DOT=False (one token per expert at most, BLOCK_M == 1): FMA on CUDA cores with a
     # 2-D accumulator reduced once at the end, as the skinny GEMM does at one token.
+    # FP8_MMA: FP8 weights meet FP8 activations in the MMA, each token's K tile
+    # quantized here with its own scale (as the skinny GEMM's MMA == 2), instead of
+    # widening every weight tile to the activation dtype.
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
     expert = tl.load(ids_ptr + pair)
@@ -194,7 +198,12 @@ def _moe_grouped_kernel(
                 xt = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
             else:
                 xt = tl.load(x_ptrs, mask=xmask, other=0.0)
-            if DOT:
+            if FP8_MMA:
+                xf = xt.to(tl.float32)
+                amax = tl.maximum(tl.max(tl.abs(xf), axis=0), 1e-30)
+                q = (xf * (448.0 / amax)[None, :]).to(tl.float8e4nv)
+                acc += tl.dot(w, q) * (amax / 448.0)[None, :]
+            elif DOT:
                 acc = tl.dot(w.to(xt.dtype), xt, acc)
             else:
                 acc2 += w.to(tl.float32) * tl.reshape(xt.to(tl.float32), (1, BLOCK_K))
@@ -213,11 +222,14 @@ def _moe_grouped_kernel(
 GROUPED_MAX_TOKENS = 64  # tokens per launch the grouped kernel takes (one tile of tl.dot)
 
 
-def default_config(tokens: int) -> tuple[int, int, int, int, bool]:
-    """Best measured ``(BLOCK_N, BLOCK_K, warps, stages, dot)`` on the H200 (--sweep)."""
+FMA, DOT, DOT_FP8 = 0, 1, 2  # the config's last field: how a weight tile meets the tokens
+
+
+def default_config(tokens: int) -> tuple[int, int, int, int, int]:
+    """Best measured ``(BLOCK_N, BLOCK_K, warps, stages, mode)`` on the H200 (--sweep)."""
     if tokens == 1:
-        return 16, 256, 4, 3, False
-    return 64, 128, 4, 3, True
+        return 16, 256, 4, 3, FMA
+    return 64, 128, 4, 3, DOT
 
 
 def moe_grouped(
@@ -229,7 +241,7 @@ def moe_grouped(
     x_per_pair: bool,
     act: bool = False,
     route_w: torch.Tensor | None = None,
-    config: tuple[int, int, int, int, bool] | None = None,
+    config: tuple[int, int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Routed experts, each hit expert read once: output ``[T*topk, N]`` (row = pair).
 
@@ -237,8 +249,10 @@ def moe_grouped(
     ``x[p // topk]`` (or ``x[p]`` when ``x_per_pair``) and ``f`` SiLU(gate) * up
     of a ``[.., 2K]`` row when ``act``, else the identity. ``topk_ids`` ``[T, topk]``
     (each token names an expert at most once, as top-k gives); ``route_w``
-    ``[T, topk]`` or None. ``config``: ``(BLOCK_N, BLOCK_K, warps, stages, dot)``
-    (``dot`` False needs one token).
+    ``[T, topk]`` or None. ``config``: ``(BLOCK_N, BLOCK_K, warps, stages, mode)``,
+    mode ``FMA`` (one token only; more run as ``DOT``), ``DOT`` (MMA in the activation
+    dtype, weight-only numerics) or ``DOT_FP8`` (FP8 weights only: MMA in FP8 with
+    each token's K tile quantized in registers, W8A8 numerics).
     """
     ids = topk_ids.reshape(-1)
     t, topk = topk_ids.shape
@@ -255,8 +269,10 @@ def moe_grouped(
         y = wo_moe(xin, w, w_scale, topk_ids, x_per_pair=x_per_pair)
         return y if route_w is None else y * route_w.reshape(-1, 1).to(y.dtype)
     out = torch.empty((pairs, n), dtype=x.dtype, device=x.device)
-    block_n, block_k, warps, stages, dot = config if config is not None else default_config(t)
-    dot = dot or t > 1
+    block_n, block_k, warps, stages, mode = config if config is not None else default_config(t)
+    if mode == DOT_FP8 and w.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"moe_grouped: the FP8 MMA needs FP8 experts, got {w.dtype}")
+    dot = mode != FMA or t > 1
     block_m = max(16, triton.next_power_of_2(t)) if dot else 1
     rw = route_w.reshape(-1).contiguous() if route_w is not None else ids
     grid = (triton.cdiv(n, block_n), pairs)
@@ -285,6 +301,7 @@ def moe_grouped(
         BLOCK_K=block_k,
         EVEN_K=k % block_k == 0,
         DOT=dot,
+        FP8_MMA=mode == DOT_FP8,
         num_warps=warps,
         num_stages=stages,
     )

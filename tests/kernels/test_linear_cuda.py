@@ -202,6 +202,36 @@ def test_grouped_moe_matches_reference(tokens: int, fp8: bool) -> None:
     assert _rel(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("tokens", [2, 5, 16])
+def test_grouped_moe_fp8_mma_matches_reference(tokens: int) -> None:
+    """The FP8-MMA mode (tokens quantized per K tile in registers): W8A8 error only,
+    with a K that is no multiple of the tile; BF16 experts are refused."""
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import triton_moe
+
+    g = torch.Generator().manual_seed(100 + tokens)
+    e, top, n, k = 24, 6, 192, 328
+    q = quantize_fp8(torch.randn(e, n, k, generator=g) * 0.05)
+    w, sc = q.weight.to(DEV), q.scale.to(DEV)
+    deq = (q.weight.double() * q.scale.double()[:, None, None]).to(DEV)
+    ids = torch.stack([torch.randperm(e, generator=g)[:top] for _ in range(tokens)]).to(DEV)
+    flat = ids.reshape(-1)
+    mode = (64, 128, 4, 3, triton_moe.DOT_FP8)
+    x = torch.randn(tokens, k, generator=g).to(torch.bfloat16).to(DEV)
+    out = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, config=mode)
+    ref = torch.einsum("pk,pnk->pn", x.double()[torch.arange(tokens * top, device=DEV) // top], deq[flat])
+    assert _rel(out, ref) < 6e-2
+    xp = torch.randn(tokens * top, 2 * k, generator=g).to(torch.bfloat16).to(DEV)
+    rw = torch.rand(tokens, top, generator=g).to(torch.bfloat16).to(DEV)
+    out = triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, route_w=rw, config=mode)
+    act = (torch.nn.functional.silu(xp[:, :k].float()) * xp[:, k:].float()).to(torch.bfloat16).double()
+    ref = torch.einsum("pk,pnk->pn", act, deq[flat]) * rw.reshape(-1, 1).double()
+    assert _rel(out, ref) < 6e-2
+    with pytest.raises(ValueError, match="FP8 experts"):
+        triton_moe.moe_grouped(x, deq.to(torch.bfloat16), None, ids, x_per_pair=False, config=mode)
+
+
 def test_triton_gemv_and_dot_agree_for_few_tokens() -> None:
     if not triton_available():
         pytest.skip("needs triton")
