@@ -225,11 +225,20 @@ GROUPED_MAX_TOKENS = 64  # tokens per launch the grouped kernel takes (one tile 
 FMA, DOT, DOT_FP8 = 0, 1, 2  # the config's last field: how a weight tile meets the tokens
 
 
-def default_config(tokens: int) -> tuple[int, int, int, int, int]:
-    """Best measured ``(BLOCK_N, BLOCK_K, warps, stages, mode)`` on the H200 (--sweep)."""
-    if tokens == 1:
+def default_config(tokens: int, n: int, k: int, fp8: bool) -> tuple[int, int, int, int, int]:
+    """Best measured ``(BLOCK_N, BLOCK_K, warps, stages, mode)`` on the H200.
+
+    From ``scripts/bench_draft.py --sweep-only --tokens 1,4,16`` (docs/BENCHMARKS.md):
+    FP8 experts take the FP8 MMA at 2+ tokens (3-4 TB/s on 397B / Next-80B experts,
+    where widening to BF16 read 1.8-3.1) and at one token when an expert is large
+    (> 2M weights); small experts at one token stay on FMA."""
+    if not fp8:
+        return (16, 256, 4, 3, FMA) if tokens == 1 else (64, 128, 4, 3, DOT)
+    if tokens == 1 and n * k <= 2 * 2**20:
         return 16, 256, 4, 3, FMA
-    return 64, 128, 4, 3, DOT
+    if tokens == 1 and k > 1024:
+        return 64, 256, 4, 3, DOT_FP8
+    return 128, 128, 4, 3, DOT_FP8
 
 
 def moe_grouped(
@@ -269,7 +278,9 @@ def moe_grouped(
         y = wo_moe(xin, w, w_scale, topk_ids, x_per_pair=x_per_pair)
         return y if route_w is None else y * route_w.reshape(-1, 1).to(y.dtype)
     out = torch.empty((pairs, n), dtype=x.dtype, device=x.device)
-    block_n, block_k, warps, stages, mode = config if config is not None else default_config(t)
+    block_n, block_k, warps, stages, mode = (
+        config if config is not None else default_config(t, n, k, w.dtype == torch.float8_e4m3fn)
+    )
     if mode == DOT_FP8 and w.dtype != torch.float8_e4m3fn:
         raise ValueError(f"moe_grouped: the FP8 MMA needs FP8 experts, got {w.dtype}")
     dot = mode != FMA or t > 1

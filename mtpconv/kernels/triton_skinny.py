@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from mtpconv.kernels.reference import BLOCK, is_block_scale
+from mtpconv.kernels.skinny_tuned import TUNED, token_bucket
 
 SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK = 0, 1, 2
 
@@ -191,12 +192,18 @@ def sm_count(index: int) -> int:
 
 
 def default_config(m: int, n: int, k: int, sms: int) -> Config:
-    """Rules from the sweep on the H200 (scripts/bench_draft.py --sweep, docs/BENCHMARKS.md).
+    """The sweep's best configuration for a benchmarked shape (:mod:`skinny_tuned`),
+    else rules from the sweep on the H200 (scripts/bench_draft.py --sweep, docs/BENCHMARKS.md).
 
     One token: FMA on CUDA cores (weight-only numerics). Two or more: FP8 MMA with the
     activations quantized per (token, 128-wide K tile) in registers, which was within 4%
     of the best configuration on every 27B / 397B linear (the FP16 MMA was as fast but
     overflows on activations beyond 65504; the BF16 MMA was 1.5x slower)."""
+    bucket = token_bucket(m)
+    tuned = TUNED.get((bucket, n, k)) if bucket is not None else None
+    if tuned is not None:
+        dot, block_n, block_k, warps, stages, waves, mma = tuned
+        return Config(dot, block_n, block_k, warps, stages, waves * sms, mma)
     if m == 1:
         if n * k <= 8 * 2**20:
             return Config(False, 8, 512, 4, 3, 4 * sms)

@@ -1,0 +1,21 @@
+"""The measured skinny-GEMM configurations are well formed (CPU: no Triton needed)."""
+
+from __future__ import annotations
+
+from mtpconv.kernels.skinny_tuned import TUNED, token_bucket
+
+
+def test_token_buckets() -> None:
+    assert [token_bucket(m) for m in (1, 2, 4, 5, 16, 17)] == [1, 4, 4, 16, 16, None]
+
+
+def test_every_tuned_entry_is_a_launchable_configuration() -> None:
+    assert TUNED
+    for (tokens, n, k), (dot, block_n, block_k, warps, stages, waves, mma) in TUNED.items():
+        assert tokens in (1, 4, 16) and n > 0 and k > 0
+        assert dot == (tokens > 1), "FMA only at one token; the MMA from two"
+        assert mma == (2 if dot else 0), "FP8 MMA (any activation range) or FMA"
+        for v in (block_n, block_k, warps):
+            assert v & (v - 1) == 0, "Triton tiles and warps are powers of two"
+        assert block_k >= 128 or not dot  # the FP8 MMA's K tile
+        assert 2 <= stages <= 4 and 1 <= waves <= 16
