@@ -191,15 +191,23 @@ def test_grouped_moe_matches_reference(tokens: int, fp8: bool) -> None:
     ids = torch.stack([torch.randperm(e, generator=g)[:top] for _ in range(tokens)]).to(DEV)
     flat = ids.reshape(-1)
     x = torch.randn(tokens, k, generator=g).to(torch.bfloat16).to(DEV)
+    # The default for FP8 experts at 2+ tokens is the FP8 MMA (W8A8 error); the
+    # weight-only modes (FMA, DOT) keep the 1e-2 bound and are checked as such.
+    tol = 6e-2 if fp8 and 1 < tokens <= triton_moe.GROUPED_MAX_TOKENS else 1e-2
     out = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False)
     ref = torch.einsum("pk,pnk->pn", x.double()[torch.arange(tokens * top, device=DEV) // top], deq[flat])
-    assert _rel(out, ref) < 1e-2
+    assert _rel(out, ref) < tol
+    if fp8 and tokens <= triton_moe.GROUPED_MAX_TOKENS:
+        weight_only = triton_moe.moe_grouped(
+            x, w, sc, ids, x_per_pair=False, config=(64, 128, 4, 3, triton_moe.DOT)
+        )
+        assert _rel(weight_only, ref) < 1e-2
     xp = torch.randn(tokens * top, 2 * k, generator=g).to(torch.bfloat16).to(DEV)
     rw = torch.rand(tokens, top, generator=g).to(torch.bfloat16).to(DEV)
     out = triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, route_w=rw)
     act = (torch.nn.functional.silu(xp[:, :k].float()) * xp[:, k:].float()).to(torch.bfloat16).double()
     ref = torch.einsum("pk,pnk->pn", act, deq[flat]) * rw.reshape(-1, 1).double()
-    assert _rel(out, ref) < 1e-2
+    assert _rel(out, ref) < tol
 
 
 @pytest.mark.parametrize("tokens", [2, 5, 16])
