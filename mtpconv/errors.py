@@ -33,6 +33,10 @@ class LayoutError(MtpconvError):
     """The checkpoint has no recognisable MTP drafter, or it is inconsistent."""
 
 
+class UnknownFamilyError(LayoutError):
+    """The checkpoint declares (or holds) an MTP drafter that no family row of mtpconv knows."""
+
+
 class QuantConfigError(MtpconvError):
     """hf_quant_config.json / config.json cannot be read or rewritten."""
 

@@ -15,30 +15,29 @@ from enum import Enum
 from typing import Any
 
 from mtpconv.checkpoint.safetensors_io import FLOAT_DTYPES, TensorInfo
-from mtpconv.errors import LayoutError
+from mtpconv.errors import LayoutError, UnknownFamilyError
+from mtpconv.families import LAYER_KEYS, DrafterAt, Family, find_family
 from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.names import strip_text_prefix
 
-QWEN35_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
-DEEPSEEK_TYPES = {"deepseek_v3", "deepseek_v32", "glm4_moe", "glm4_moe_lite", "kimi_k2"}
-MIMO_TYPES = {"mimo"}
-
 # Last name component of 2-D modules vLLM never quantizes (lookups, routers), and of
 # those we keep out of the drafter's FP8 linears too (heads: the draft head is separate).
-_NEVER_QUANTIZED = frozenset({"embed_tokens", "gate", "shared_expert_gate", "e_score_correction_bias"})
+# ("embeddings": Nemotron-H's name for embed_tokens.)
+_NEVER_QUANTIZED = frozenset(
+    {"embed_tokens", "embeddings", "gate", "shared_expert_gate", "e_score_correction_bias"}
+)
 _NOT_LINEAR = _NEVER_QUANTIZED | {"head", "lm_head", "draft_lm_head"}
-_LINEAR_NAME = re.compile(r"(_proj|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_proj)$")
+# ``kv_a_proj_with_mqa``: MLA, fused with ``q_a_proj`` in vLLM (both FP8 or neither)
+_LINEAR_NAME = re.compile(r"(_proj|_proj_with_mqa|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_proj)$")
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
-# Drafter linears a family's vLLM MTP class builds as a plain ``torch.nn.Linear`` (no quant
-# config reaches it): stock vLLM cannot load FP8 there, so they stay BF16 (DESIGN §5).
-PLAIN_NN_LINEAR: dict[str, frozenset[str]] = {
-    "deepseek_v3": frozenset({"eh_proj"}),
-    "deepseek_v32": frozenset({"eh_proj"}),
-    "glm4_moe": frozenset({"eh_proj"}),
-    "glm4_moe_lite": frozenset({"eh_proj"}),
-    "kimi_k2": frozenset({"eh_proj"}),
-    "mimo": frozenset({"input_proj"}),
+_LAYER_RE = {
+    DrafterAt.MTP: re.compile(r"mtp\.layers\.(\d+)\."),
+    DrafterAt.MODEL_MTP: re.compile(r"model\.mtp\.layers\.(\d+)\."),
+    DrafterAt.AFTER_TARGET: re.compile(r"model\.layers\.(\d+)\."),
+    DrafterAt.MTP_LAYERS: re.compile(r"model\.mtp_layers\.(\d+)\."),
 }
+# Tensor names that look like a drafter's, for the error on a family no row matches.
+_CANDIDATE = re.compile(r"(^|\.)(mtp|mtp_layers|nextn|eh_proj|enorm|hnorm|shared_head)(\.|$)")
 
 # compressed-tensors names: the packed NVFP4 weight and its float32 global scales.
 _CT_PACKED = ".weight_packed"
@@ -248,56 +247,37 @@ def _find_head_and_embedding(names: list[str]) -> tuple[str | None, str | None]:
     return embedding, lm_head
 
 
-def detect_layout(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo]) -> MtpLayout:
-    """The MTP layout of a checkpoint from its config and tensor headers."""
+def detect_layout(
+    config: Mapping[str, Any], tensors: Mapping[str, TensorInfo], *, strict: bool = True
+) -> MtpLayout:
+    """The MTP layout of a checkpoint from its config and tensor headers (the rows of
+    `mtpconv.families`); `UnknownFamilyError` when it declares or holds a drafter no row knows
+    (``strict=False``: an ``unknown`` layout without a drafter instead, for inspect's report)."""
     tcfg = text_config(config)
     model_type = str(config.get("model_type") or tcfg.get("model_type") or "unknown")
-    text_type = str(tcfg.get("model_type") or model_type)
     names = list(tensors)
     n_layers = _int(tcfg, "num_hidden_layers")
     embedding, lm_head = _find_head_and_embedding(names)
     tie = bool(tcfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
-
-    types = {model_type, text_type}
-    mtp_names = [n for n in names if strip_text_prefix(n)[1].startswith("mtp.")]
-    layered = _deepseek_drafter(names, n_layers)
-
-    if types & MIMO_TYPES or any(n.startswith("model.mtp_layers.") for n in names):
-        family = "mimo"
-        prefixes: tuple[str, ...] = ("model.mtp_layers.",)
-        declared = _int(tcfg, "num_nextn_predict_layers")
-    elif types & DEEPSEEK_TYPES or layered:
-        family = text_type if text_type in DEEPSEEK_TYPES else "deepseek_v3"
-        declared = _int(tcfg, "num_nextn_predict_layers")
-        start = n_layers or 0
-        count = declared if declared is not None else len(layered)
-        prefixes = tuple(f"model.layers.{start + i}." for i in range(count)) or ("\0",)
+    row = find_family(config, tcfg, names)
+    if row is None and strict:
+        _no_row(config, tcfg, names, n_layers)
+    if row is None:
+        prefixes: tuple[str, ...] = ()
+        declared = None
     else:
-        declared = _int(tcfg, "mtp_num_hidden_layers", "num_nextn_predict_layers")
-        text_prefix = strip_text_prefix(mtp_names[0])[0] if mtp_names else ""
-        prefixes = (f"{text_prefix}mtp.",)
-        if "hc_count" in tcfg or any(".mtp.fc_embedding" in f".{n}" for n in mtp_names):
-            family = "qwen4exp"
-        elif "qwen3_next" in types:
-            family = "qwen3_next"
-        elif types & QWEN35_TYPES:
-            is_moe = "moe" in text_type or _int(tcfg, "num_experts") is not None
-            family = "qwen3_5_moe" if is_moe else "qwen3_5"
-        elif mtp_names:
-            family = "generic_mtp"
-        else:
-            family = "unknown"
-
-    drafter = [n for n in names if n.startswith(prefixes)]
-    linears, kept = _split_plain(family, _drafter_linears(drafter, tensors))
-    layout = MtpLayout(
-        family=family,
+        declared = _int(tcfg, *row.layer_keys)
+        prefixes = _prefixes(row, names, n_layers, declared)
+    drafter = [n for n in names if n.startswith(prefixes)] if prefixes else []
+    linears, kept = _split_plain(row, _drafter_linears(drafter, tensors))
+    return MtpLayout(
+        family=row.name if row is not None else "unknown",
         model_type=model_type,
-        drafter_prefixes=prefixes,
+        drafter_prefixes=prefixes or ("\0",),
         drafter_tensors=drafter,
         linears=linears,
         declared_layers=declared,
-        found_layers=_count_layers(family, drafter, n_layers),
+        found_layers=_count_layers(row, tcfg, drafter),
         embedding=embedding,
         lm_head=lm_head,
         tie_word_embeddings=tie,
@@ -307,40 +287,76 @@ def detect_layout(config: Mapping[str, Any], tensors: Mapping[str, TensorInfo]) 
         experts_per_token=_int(tcfg, "num_experts_per_tok"),
         kept_bf16=kept,
     )
-    return layout
 
 
-def _split_plain(family: str, linears: list[Linear]) -> tuple[list[Linear], dict[str, str]]:
-    """The FP8 linears, and those kept BF16 because vLLM builds them as plain nn.Linear."""
-    plain = PLAIN_NN_LINEAR.get(family, frozenset())
-    keep = [lin for lin in linears if lin.module.rsplit(".", 1)[-1] not in plain]
-    kept = {
-        lin.module: f"vLLM's {family} MTP class builds it as a plain nn.Linear (no FP8 possible)"
-        for lin in linears
-        if lin.module.rsplit(".", 1)[-1] in plain
-    }
+def _prefixes(row: Family, names: list[str], n_layers: int | None, declared: int | None) -> tuple[str, ...]:
+    """The name prefixes of the drafter's tensors, where the row says they live."""
+    if row.drafter_at is DrafterAt.MTP_LAYERS:
+        return ("model.mtp_layers.",)
+    if row.drafter_at is DrafterAt.MODEL_MTP:
+        return ("model.mtp.",)
+    if row.drafter_at is DrafterAt.MTP:
+        mtp_names = [n for n in names if strip_text_prefix(n)[1].startswith("mtp.")]
+        return (f"{strip_text_prefix(mtp_names[0])[0] if mtp_names else ''}mtp.",)
+    layered = _layers_after_target(names, n_layers)
+    start = n_layers or 0
+    count = declared if declared is not None else len(layered)
+    return tuple(f"model.layers.{start + i}." for i in range(count))
+
+
+def _no_row(
+    config: Mapping[str, Any], tcfg: Mapping[str, Any], names: list[str], n_layers: int | None
+) -> None:
+    """Raise `UnknownFamilyError` when the checkpoint declares or holds a drafter no row knows."""
+    keys = {k: tcfg.get(k, config.get(k)) for k in LAYER_KEYS if k in tcfg or k in config}
+    declared = {k: v for k, v in keys.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+    candidates = [n for n in names if _CANDIDATE.search(n)]
+    candidates += [f"model.layers.{i}.*" for i in _layers_after_target(names, n_layers, any_module=True)]
+    if not declared and not candidates:
+        return
+    types = sorted({str(t) for t in (config.get("model_type"), tcfg.get("model_type")) if t})
+    archs = sorted(str(a) for a in config.get("architectures") or [])
+    shown = ", ".join(candidates[:6]) + (f" and {len(candidates) - 6} more" if len(candidates) > 6 else "")
+    raise UnknownFamilyError(
+        f"config.json declares MTP layers ({declared or 'no layer-count key'}; model_type {types or '?'}, "
+        f"architectures {archs or '?'}) with candidate drafter tensors [{shown or 'none'}], but no "
+        "mtpconv family row matches it: missing a row in mtpconv/families.py for this model_type "
+        "(read its vLLM *_mtp.py); open an issue with this message."
+    )
+
+
+def _split_plain(row: Family | None, linears: list[Linear]) -> tuple[list[Linear], dict[str, str]]:
+    """The FP8 linears, and those kept BF16 because vLLM gives them no quant method."""
+    keep: list[Linear] = []
+    kept: dict[str, str] = {}
+    for lin in linears:
+        why = row.plain_reason(lin.module) if row is not None else None
+        if why is None:
+            keep.append(lin)
+        else:
+            kept[lin.module] = why
     return keep, kept
 
 
-def _deepseek_drafter(names: list[str], n_layers: int | None) -> list[int]:
+def _layers_after_target(names: list[str], n_layers: int | None, *, any_module: bool = False) -> list[int]:
+    """Indices ``>= num_hidden_layers`` of ``model.layers.*`` holding an ``eh_proj`` (any tensor)."""
     if n_layers is None:
         return []
-    found = set()
-    for name in names:
-        m = re.match(r"model\.layers\.(\d+)\.eh_proj\.", name)
-        if m and int(m.group(1)) >= n_layers:
-            found.add(int(m.group(1)))
-    return sorted(found)
+    pattern = re.compile(r"model\.layers\.(\d+)\." + ("" if any_module else r"eh_proj\."))
+    found = {int(m.group(1)) for n in names if (m := pattern.match(n))}
+    return sorted(i for i in found if i >= n_layers)
 
 
-def _count_layers(family: str, drafter: list[str], n_layers: int | None) -> int:
-    if family == "mimo":
-        pattern = re.compile(r"model\.mtp_layers\.(\d+)\.")
-    elif family in DEEPSEEK_TYPES or family == "deepseek_v3":
-        pattern = re.compile(r"model\.layers\.(\d+)\.")
-    else:
-        pattern = re.compile(r"mtp\.layers\.(\d+)\.")
-    return len({m.group(1) for n in drafter if (m := pattern.search(n))})
+def _count_layers(row: Family | None, tcfg: Mapping[str, Any], drafter: list[str]) -> int:
+    """MTP layers (steps) stored: distinct layer indices, per step where a step spans several."""
+    if row is None:
+        return 0
+    pattern = _LAYER_RE[row.drafter_at]
+    stored = len({m.group(1) for n in drafter if (m := pattern.search(n))})
+    step = tcfg.get(row.step_pattern_key) if row.step_pattern_key else None
+    if isinstance(step, str) and step:
+        return -(-stored // len(step))
+    return stored
 
 
 def _drafter_linears(drafter: list[str], tensors: Mapping[str, TensorInfo]) -> list[Linear]:

@@ -16,6 +16,7 @@ from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles
 from mtpconv.checkpoint.writer import TensorSpec
 from mtpconv.conversion_options import HeadDtype
 from mtpconv.errors import ConversionError, LayoutError, OutputError, SourceError
+from mtpconv.families import family as family_row
 from mtpconv.formats.scale_layout import stored_scale_shape
 from mtpconv.layouts import Linear, MtpLayout, Stored
 from mtpconv.manifest import DRAFT_HEAD_FILE, DRAFT_HEAD_NAME, MANIFEST_NAME
@@ -153,7 +154,8 @@ def check_destination(source_dir: Path, dst: Path) -> None:
 
 
 def draft_head_name(layout: MtpLayout) -> str:
-    if layout.family not in ("qwen3_5", "qwen3_5_moe", "qwen3_next", "generic_mtp"):
+    row = family_row(layout.family)
+    if row is None or not row.draft_vocab:
         raise ConversionError(
             f"a truncated draft head is served by the plugin for Qwen3.5 / Qwen3-Next drafters; "
             f"this checkpoint is {layout.family}. Run without --draft-vocab."

@@ -137,6 +137,10 @@ def inspect_cmd(
         render.render_json(report)
     else:
         render.render_inspect(report)
+    if report.layout_error is not None:  # the report is printed; the drafter's family is unknown
+        from mtpconv.errors import UnknownFamilyError
+
+        raise UnknownFamilyError(report.layout_error)
 
 
 @app.command("publish")

@@ -14,6 +14,7 @@ from mtpconv.checkpoint.index import CheckpointFiles
 from mtpconv.checkpoint.source import Source, load_files, looks_like_repo_id, remote_checkpoint
 from mtpconv.checkpoint.source import resolve_source as _resolve_local
 from mtpconv.draft_cost import DraftCost, draft_cost
+from mtpconv.errors import UnknownFamilyError
 from mtpconv.findings import Finding, Severity
 from mtpconv.layouts import MtpLayout, classify_weight, detect_layout, linear_modules, module_of
 from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, Manifest, read_manifest
@@ -63,6 +64,7 @@ class InspectReport:
     draft_vocab: dict[str, Any] | None
     variant: dict[str, Any] | None
     notes: list[str] = field(default_factory=list)
+    layout_error: str | None = None  # no family row matched its drafter (the CLI exits 1 after the report)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -164,6 +166,24 @@ def _layout_findings(layout: MtpLayout) -> list[Finding]:
     return out
 
 
+def _drafter_declared_finding(layout: MtpLayout, configs: QuantConfigs) -> Finding | None:
+    """The source declares its drafter's linears quantized like the target (Step-3.5, DeepSeek-V4,
+    Nemotron-H NVFP4 releases): say so, since quantize-mtp re-declares them FP8."""
+    decl = declared_quant(configs)
+    declared = {lin.module: declared_algorithm(decl, lin.module) for lin in layout.linears}
+    quantized = {m: a for m, a in declared.items() if a is not None}
+    if not quantized:
+        return None
+    algos = ", ".join(sorted(set(quantized.values())))
+    return Finding(
+        Severity.INFO,
+        "drafter-declared-quantized",
+        "mtp",
+        f"{len(quantized)} of {len(layout.linears)} drafter linears are declared with the target's "
+        f"quantization ({algos}) in the source's quant config; quantize-mtp re-declares them FP8.",
+    )
+
+
 def _variant_finding(manifest: Manifest) -> Finding:
     """How stock vLLM and the plugin read a variant's FP8 drafter (from its manifest)."""
     fp8 = len(manifest.drafter.fp8_linears)
@@ -223,11 +243,21 @@ def inspect_checkpoint(
         source = _resolve_local(spec, revision)
         files = load_files(source)
     configs = load_quant_configs(source.directory)
-    layout = detect_layout(configs.config, files.tensors)
+    layout_error: str | None = None
+    try:
+        layout = detect_layout(configs.config, files.tensors)
+    except UnknownFamilyError as exc:
+        # Report everything else inspect knows; the error is its one finding about the drafter.
+        layout, layout_error = detect_layout(configs.config, files.tensors, strict=False), str(exc)
     decl = declared_quant(configs)
     drafter_modules = {module_of(n) for n in layout.drafter_tensors}
-    findings = _layout_findings(layout)
+    findings = _layout_findings(layout) if layout_error is None else []
+    if layout_error is not None:
+        findings.append(Finding(Severity.ERROR, "mtp-unknown-family", "mtp", layout_error))
     manifest = read_manifest(source.directory)
+    declared_finding = _drafter_declared_finding(layout, configs) if manifest is None else None
+    if declared_finding is not None:
+        findings.append(declared_finding)
     findings += audit_quant_configs(
         configs,
         linear_modules(files.tensors),
@@ -255,4 +285,5 @@ def inspect_checkpoint(
         total_bytes=files.total_tensor_bytes,
         draft_vocab=_draft_vocab_info(source.directory, manifest),
         variant=_variant_info(manifest),
+        layout_error=layout_error,
     )

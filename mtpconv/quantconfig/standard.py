@@ -28,6 +28,8 @@ from typing import Any
 
 from mtpconv import __version__
 from mtpconv.errors import QuantConfigError
+from mtpconv.families import STEP_MODULES, VllmNames
+from mtpconv.families import family as family_row
 from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.layouts import Linear
 from mtpconv.names import drafter_name
@@ -76,14 +78,21 @@ def drafter_algorithm(linear: Linear) -> str:
 
 
 def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
-    """The name vLLM's quant config sees for a drafter module.
+    """The name vLLM's quant config sees for a drafter module (the family row's `VllmNames`).
 
     Qwen MTP classes strip a VLM prefix (``mtp.…``); MiMo builds its MTP block with the
-    prefix ``model.layers.{N+i}`` while the checkpoint says ``model.mtp_layers.{i}``.
+    prefix ``model.layers.{N+i}`` while the checkpoint says ``model.mtp_layers.{i}``; Step-3.5
+    puts the decoder block under ``model.layers.{k}.mtp_block``.
     """
-    if family == "mimo" and module.startswith("model.mtp_layers.") and num_layers is not None:
+    row = family_row(family)
+    naming = row.vllm_names if row is not None else VllmNames.AS_STORED
+    if naming is VllmNames.MTP_LAYERS_AFTER_TARGET and module.startswith("model.mtp_layers.") and num_layers:
         idx, _, rest = module[len("model.mtp_layers.") :].partition(".")
         return f"model.layers.{num_layers + int(idx)}.{rest}"
+    if naming is VllmNames.MTP_BLOCK and module.startswith("model.layers."):
+        idx, _, rest = module[len("model.layers.") :].partition(".")
+        if not rest.startswith(STEP_MODULES):
+            return f"model.layers.{idx}.mtp_block.{rest}"
     return drafter_name(module)
 
 

@@ -1,0 +1,342 @@
+"""The MTP families mtpconv knows, as data: one row per family (DESIGN §4).
+
+Each row was read from the vLLM 0.32 MTP class named in ``source`` (its ``__init__`` and
+``load_weights``): which config keys declare the drafter's layers, where its tensors live,
+which of its linears vLLM builds without a quant method (they stay BF16), and the name
+vLLM's quant config sees for a drafter module. `mtpconv.layouts.detect_layout` reads the
+rows; a new family is a row here plus a tiny-checkpoint factory, not a new code path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+_VLLM = "vllm/model_executor/models/"
+_VLLM_PKG = "vllm/models/"
+
+
+class DrafterAt(str, Enum):
+    """Where a family's checkpoint stores the drafter's tensors."""
+
+    MTP = "mtp"  # ``mtp.*`` (under a VLM's text prefix): Qwen, Nemotron-H
+    MODEL_MTP = "model_mtp"  # ``model.mtp.*``: MiMo-V2
+    AFTER_TARGET = "after_target"  # ``model.layers.{num_hidden_layers + i}.*``: DeepSeek style
+    MTP_LAYERS = "mtp_layers"  # ``model.mtp_layers.{i}.*``: MiMo
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class VllmNames(str, Enum):
+    """How the name vLLM's quant config sees for a drafter module follows from its checkpoint name."""
+
+    AS_STORED = "as_stored"  # the checkpoint name, a VLM prefix stripped
+    MTP_LAYERS_AFTER_TARGET = "mtp_layers_after_target"  # MiMo: model.layers.{N + i}
+    MTP_BLOCK = "mtp_block"  # model.layers.{k}.X -> model.layers.{k}.mtp_block.X (Step-3.5)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Why a drafter linear stays BF16: vLLM gives it no quant method, so FP8 weights would not load.
+NN_LINEAR = "builds it as a plain nn.Linear (no FP8 possible)"
+NO_QUANT = "builds it with quant_config=None (fused with a BF16 weight; no FP8 possible)"
+
+# Modules of a layer-indexed drafter that belong to the MTP step, not to its decoder block.
+STEP_MODULES = ("embed_tokens", "enorm", "hnorm", "eh_proj", "shared_head")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One MTP family: how to find its drafter and which of its linears can be FP8."""
+
+    name: str
+    vllm_mtp: tuple[str, ...]  # vLLM registry architectures this row covers
+    source: str  # the vLLM file the row was read from
+    model_types: frozenset[str] = frozenset()
+    architectures: frozenset[str] = frozenset()  # target architectures (where model_type is ambiguous)
+    layer_keys: tuple[str, ...] = ("num_nextn_predict_layers",)
+    drafter_at: DrafterAt = DrafterAt.AFTER_TARGET
+    vllm_names: VllmNames = VllmNames.AS_STORED
+    plain: tuple[tuple[str, str], ...] = ()  # (module leaf, why vLLM gives it no quant method)
+    experts: bool | None = None  # True: only MoE configs; None: either
+    marker: str | None = None  # a tensor-name regex that identifies the family without its model_type
+    config_marker: str | None = None  # a config key that identifies it likewise
+    step_pattern_key: str | None = None  # config key whose length is the stored layers per MTP step
+    mla: bool = False  # multi-head latent attention (the KV-cache trap of DESIGN §5)
+    ships_nvfp4: bool = False  # NVFP4 releases exist (the fixtures cover them)
+    draft_vocab: bool = False  # the plugin's truncated draft head supports it
+    fp8: tuple[str, ...] = ("attention and MLP linears",)  # what the variant stores FP8 (README)
+    bf16: tuple[str, ...] = ()  # what stays BF16 besides the plain leaves, norms, routers, heads
+    _plain: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_plain", dict(self.plain))
+
+    def plain_reason(self, module: str) -> str | None:
+        """Why vLLM builds this drafter module without a quant method, or None when it does not."""
+        why = self._plain.get(module.rsplit(".", 1)[-1])
+        return None if why is None else f"vLLM's {self.name} MTP class {why}"
+
+    def matches_type(self, types: set[str], architectures: set[str], has_experts: bool) -> bool:
+        """Whether the config's model types or architectures name this family."""
+        if not (types & self.model_types or architectures & self.architectures):
+            return False
+        return self.experts is None or self.experts == has_experts
+
+    def matches_marker(self, tcfg: Mapping[str, Any], names: list[str]) -> bool:
+        """Whether the config or the tensor names identify this family without its model_type."""
+        if self.config_marker is not None and self.config_marker in tcfg:
+            return True
+        if self.marker is None:
+            return False
+        pattern = re.compile(self.marker)
+        return any(pattern.search(n) for n in names)
+
+
+_MLA_FP8 = ("MLA q_a/q_b/kv_a/kv_b/o", "routed experts (blocks)", "shared experts")
+_DS_PLAIN = (("eh_proj", NN_LINEAR),)
+_DSA_PLAIN = (("eh_proj", NN_LINEAR), ("weights_proj", NO_QUANT), ("wk", NO_QUANT))
+
+# Detection order: the first row whose model_type / architecture matches, else the first
+# whose marker does. Rows are ordered so that a marker never steals another family's checkpoint.
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "mimo",
+        ("MiMoMTPModel",),
+        _VLLM + "mimo_mtp.py",
+        model_types=frozenset({"mimo"}),
+        drafter_at=DrafterAt.MTP_LAYERS,
+        vllm_names=VllmNames.MTP_LAYERS_AFTER_TARGET,
+        plain=(("input_proj", NN_LINEAR),),
+        marker=r"^model\.mtp_layers\.",
+    ),
+    Family(
+        "mimo_v2",
+        ("MiMoV2MTPModel", "MiMoV2OmniMTPModel"),
+        _VLLM + "mimo_v2_mtp.py",
+        model_types=frozenset({"mimo_v2", "mimo_v2_flash", "mimo_v2_omni"}),
+        architectures=frozenset({"MiMoV2ForCausalLM", "MiMoV2FlashForCausalLM", "MiMoV2OmniForCausalLM"}),
+        drafter_at=DrafterAt.MODEL_MTP,
+        fp8=("eh_proj (ReplicatedLinear)", "attention q/k/v/o", "dense MLP"),
+    ),
+    Family(
+        "nemotron_h",
+        ("NemotronHMTPModel",),
+        _VLLM + "nemotron_h_mtp.py",
+        model_types=frozenset({"nemotron_h", "nemotron_h_puzzle"}),
+        drafter_at=DrafterAt.MTP,
+        step_pattern_key="mtp_hybrid_override_pattern",
+        ships_nvfp4=True,
+        fp8=(
+            "eh_proj (ColumnParallelLinear)",
+            "attention q/k/v/o",
+            "routed non-gated experts up/down (blocks)",
+            "shared experts",
+        ),
+    ),
+    Family(
+        "deepseek_v32",
+        ("DeepseekV32MTPModel",),
+        _VLLM_PKG + "deepseek_v32/nvidia/mtp.py",
+        model_types=frozenset({"deepseek_v32"}),
+        plain=_DSA_PLAIN,
+        mla=True,
+        ships_nvfp4=True,
+        fp8=_MLA_FP8,
+        bf16=("indexer wq_b / k_norm", "shared_head"),
+    ),
+    Family(
+        "glm_moe_dsa",
+        ("DeepseekV32MTPModel",),
+        _VLLM_PKG + "deepseek_v32/nvidia/mtp.py",
+        model_types=frozenset({"glm_moe_dsa"}),
+        plain=_DSA_PLAIN,
+        mla=True,
+        ships_nvfp4=True,
+        fp8=_MLA_FP8,
+        bf16=("indexer wq_b / k_norm", "shared_head"),
+    ),
+    Family(
+        "glm4_moe_lite",
+        ("Glm4MoeLiteMTPModel",),
+        _VLLM + "glm4_moe_lite_mtp.py",
+        model_types=frozenset({"glm4_moe_lite"}),
+        plain=_DS_PLAIN,
+        mla=True,
+        fp8=_MLA_FP8,
+        bf16=("shared_head",),
+    ),
+    Family(
+        "glm4_moe",
+        ("Glm4MoeMTPModel",),
+        _VLLM + "glm4_moe_mtp.py",
+        model_types=frozenset({"glm4_moe"}),
+        plain=_DS_PLAIN,
+        fp8=("attention q/k/v/o", "routed experts (blocks)", "shared experts"),
+        bf16=("shared_head",),
+    ),
+    Family(
+        "kimi_k2",
+        ("DeepSeekMTPModel",),
+        _VLLM + "deepseek_mtp.py",
+        model_types=frozenset({"kimi_k2"}),
+        plain=_DS_PLAIN,
+        mla=True,
+        fp8=_MLA_FP8,
+        bf16=("shared_head",),
+    ),
+    Family(
+        "deepseek_v3",
+        ("DeepSeekMTPModel",),
+        _VLLM + "deepseek_mtp.py",
+        model_types=frozenset({"deepseek_v3"}),
+        plain=_DS_PLAIN,
+        marker=r"^model\.layers\.\d+\.eh_proj\.",
+        mla=True,
+        fp8=_MLA_FP8,
+        bf16=("shared_head",),
+    ),
+    Family(
+        "step3p5",
+        ("Step3p5MTP",),
+        _VLLM + "step3p5_mtp.py",
+        model_types=frozenset({"step3p5", "step3p7"}),
+        architectures=frozenset({"Step3p5ForCausalLM", "Step3p7ForConditionalGeneration"}),
+        vllm_names=VllmNames.MTP_BLOCK,
+        plain=_DS_PLAIN,
+        ships_nvfp4=True,
+        fp8=("attention q/k/v/o", "shared expert"),
+        bf16=("3-D routed experts moe.{gate,up,down}_proj (no FP8 layout for them yet)", "shared_head"),
+    ),
+    Family(
+        "qwen4exp",
+        ("Qwen4ExpMTP",),
+        _VLLM_PKG + "qwen4_exp",
+        model_types=frozenset({"qwen4exp", "qwen4_exp", "qwen4_exp_text"}),
+        layer_keys=("mtp_num_hidden_layers", "num_nextn_predict_layers"),
+        drafter_at=DrafterAt.MTP,
+        marker=r"(^|\.)mtp\.fc_embedding\.",
+        config_marker="hc_count",
+        fp8=("fc_embedding", "fc_hidden", "attention and MLP linears"),
+        bf16=("shared_head",),
+    ),
+    Family(
+        "qwen3_next",
+        ("Qwen3NextMTP",),
+        _VLLM + "qwen3_next_mtp.py",
+        model_types=frozenset({"qwen3_next"}),
+        layer_keys=("mtp_num_hidden_layers", "num_nextn_predict_layers"),
+        drafter_at=DrafterAt.MTP,
+        ships_nvfp4=True,
+        draft_vocab=True,
+        fp8=("fc", "attention and MLP linears", "routed experts (blocks)"),
+    ),
+    Family(
+        "qwen3_5_moe",
+        ("Qwen3_5MoeMTP",),
+        _VLLM + "qwen3_5_mtp.py",
+        model_types=frozenset({"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}),
+        layer_keys=("mtp_num_hidden_layers", "num_nextn_predict_layers"),
+        drafter_at=DrafterAt.MTP,
+        experts=True,
+        ships_nvfp4=True,
+        draft_vocab=True,
+        fp8=("fc", "attention and MLP linears", "routed experts (blocks)"),
+    ),
+    Family(
+        "qwen3_5",
+        ("Qwen3_5MTP",),
+        _VLLM + "qwen3_5_mtp.py",
+        model_types=frozenset({"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}),
+        layer_keys=("mtp_num_hidden_layers", "num_nextn_predict_layers"),
+        drafter_at=DrafterAt.MTP,
+        ships_nvfp4=True,
+        draft_vocab=True,
+        fp8=("fc", "attention and MLP linears"),
+    ),
+)
+
+BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
+
+_TODO = (
+    "not looked at yet (issue 14 covers families in the users' order): needs a row and a fixture read from "
+)
+# vLLM MTP architectures without a row, and why: the registry-walk test fails on any other.
+UNSUPPORTED: dict[str, str] = {
+    "DeepSeekV4MTPModel": _TODO
+    + _VLLM_PKG
+    + "deepseek_v4/nvidia/mtp.py (mtp.{i}.* names, e_proj/h_proj ReplicatedLinear, hyper-connection "
+    "and compressor tensors)",
+    "Glm5NextMTPModel": _TODO + _VLLM_PKG + "glm5next/common/mtp.py",
+    "KimiK3MTPModel": _TODO + _VLLM_PKG + "kimi_k3/nvidia/mtp.py (eh_proj is a ReplicatedLinear)",
+    "MiniMaxM3MTP": _TODO + _VLLM_PKG + "minimax_m3/nvidia/mtp.py (model.mtp.layers.*, num_mtp_modules)",
+    "LongCatFlashMTPModel": _TODO + _VLLM + "longcat_flash_mtp.py (model.mtp.layers.0.*, enorm.m / hnorm.m)",
+    "Dots3NoteMTPModel": _TODO + _VLLM_PKG + "dots3_note/nvidia/mtp.py",
+    "BailingMoeV25MTPModel": _TODO + _VLLM + "bailing_moe_mtp.py",
+    "BailingMoeV3MTPModel": _TODO + _VLLM + "bailing_moe_v3_mtp.py",
+    "ErnieMTPModel": _TODO + _VLLM + "ernie_mtp.py (model.mtp_block.0.*, nn.Linear mtp_linear_proj)",
+    "ExaoneMoeMTP": _TODO + _VLLM + "exaone_moe_mtp.py",
+    "Exaone4_5_MTP": _TODO + _VLLM + "exaone4_5_mtp.py",
+    "GlmOcrMTPModel": _TODO + _VLLM + "glm_ocr_mtp.py",
+    "OpenPanguMTPModel": _TODO + _VLLM + "openpangu_mtp.py",
+    "HYV3MTPModel": _TODO + _VLLM + "hy_v3_mtp.py",
+    "HYV4MTPModel": _TODO + _VLLM_PKG + "hy_v4/nvidia/mtp.py",
+    "InternS2MobiusMTP": _TODO + _VLLM + "interns2_mobius.py (a Qwen3_5MoeMTP subclass; no fixture yet)",
+    "InklingMTPModel": "its MTP weights ship in a separate mtp.safetensors loaded as an EAGLE-style "
+    "draft (" + _VLLM_PKG + "inkling/nvidia/mtp.py), not as layers of the target checkpoint",
+    "Gemma4MTPModel": "the drafter is a separate assistant checkpoint (gemma4_assistant, "
+    + _VLLM
+    + "gemma4_mtp.py), not MTP layers of the target: there is no drafter inside the target to convert",
+}
+
+
+def readme_table() -> str:
+    """The README's table of families: what each variant stores FP8 and what stays BF16."""
+    lines = [
+        "| family | vLLM MTP class (file) | FP8 in the variant | stays BF16 |",
+        "|---|---|---|---|",
+    ]
+    for row in FAMILIES:
+        plain = [f"{leaf} (vLLM {why.split(' (')[0].removeprefix('builds it ')})" for leaf, why in row.plain]
+        bf16 = [*plain, *row.bf16, "norms, routers, embeddings, heads"]
+        lines.append(
+            f"| {row.name} | {', '.join(row.vllm_mtp)} (`{row.source}`) | {'; '.join(row.fp8)} | "
+            f"{'; '.join(bf16)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# Every config key any row reads for its MTP layer count: a config that sets one of them
+# but matches no row is a family nobody has looked at (layouts.UnknownFamilyError).
+LAYER_KEYS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        [k for f in FAMILIES for k in f.layer_keys] + ["num_mtp_layers", "num_mtp_modules", "mtp_num_layers"]
+    )
+)
+
+
+def family(name: str) -> Family | None:
+    """The row called ``name`` (None for ``unknown``)."""
+    return BY_NAME.get(name)
+
+
+def find_family(config: Mapping[str, Any], tcfg: Mapping[str, Any], names: list[str]) -> Family | None:
+    """The row for a checkpoint: by model_type / architecture first, then by marker."""
+    types = {str(t) for t in (config.get("model_type"), tcfg.get("model_type")) if t}
+    archs = {str(a) for a in (config.get("architectures") or []) + (tcfg.get("architectures") or [])}
+    model_type = str(tcfg.get("model_type") or config.get("model_type") or "")
+    has_experts = "moe" in model_type or any(
+        isinstance(tcfg.get(k), int) for k in ("num_experts", "n_routed_experts")
+    )
+    for row in FAMILIES:
+        if row.matches_type(types, archs, has_experts):
+            return row
+    for row in FAMILIES:
+        if row.matches_marker(tcfg, names):
+            return row
+    return None

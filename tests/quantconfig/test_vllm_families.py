@@ -1,0 +1,120 @@
+"""Every family's variant against vLLM's own ModelOpt config classes (needs vLLM).
+
+For each row's fixtures (BF16, and NVFP4 where the family ships it): vLLM's
+``ModelOptMixedPrecisionConfig`` must resolve each drafter linear, under the name the
+family's MTP class gives it (packed as its loader packs it), to an FP8 algorithm, and every
+target linear as the source's config resolved it. MLA families with a quantized KV cache keep
+the exclusion style: there the variant's NVFP4 config must exclude the drafter instead.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mtpconv.checkpoint.index import load_checkpoint_files
+from mtpconv.commands.quantize_mtp import quantize_mtp
+from mtpconv.families import BY_NAME
+from mtpconv.layouts import linear_modules
+from mtpconv.quantconfig.standard import vllm_drafter_key
+from mtpconv.testing.family_checkpoints import BUILDERS, write_family_checkpoint
+
+_ORACLE = r"""
+import json, sys, types
+for n in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+    sys.modules[n] = types.ModuleType(n)
+for n in ("torchaudio", "torchcodec"):
+    sys.modules[n] = None
+from vllm.model_executor.layers.quantization.modelopt import (
+    LINEAR_ALGOS, ModelOptMixedPrecisionConfig, ModelOptNvFp4Config)
+PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
+          "fused_qkv_a_proj": ["q_a_proj", "kv_a_proj_with_mqa"]}
+def load(qc):
+    if qc is None:
+        return None
+    cls = ModelOptMixedPrecisionConfig if qc.get("quant_algo") == "MIXED_PRECISION" else ModelOptNvFp4Config
+    c = cls.from_config(qc)
+    c.packed_modules_mapping = PACKED
+    return c
+def algo(c, layer):
+    if c is None or c.is_layer_excluded(layer):
+        return None
+    return c._resolve_quant_algo(layer) if isinstance(c, ModelOptMixedPrecisionConfig) else c.quant_method
+out = []
+for src_qc, var_qc, targets, drafter in json.load(sys.stdin):
+    src, var = load(src_qc), load(var_qc)
+    out.append({"mixed": isinstance(var, ModelOptMixedPrecisionConfig),
+                "target": {t: [algo(src, t), algo(var, t)] for t in targets},
+                "drafter": {d: algo(var, d) for d in drafter}, "linear_algos": sorted(LINEAR_ALGOS)})
+json.dump(out, sys.stdout)
+"""
+
+_PACK = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj"}
+_PACK_MLA = {"q_a_proj": "fused_qkv_a_proj", "kv_a_proj_with_mqa": "fused_qkv_a_proj"}
+
+
+def vllm_layer(module: str, modules: set[str]) -> str:
+    """The layer name vLLM builds for a checkpoint module: experts fused, q/k/v and gate/up packed."""
+    if ".experts." in module:
+        return module.split(".experts.", 1)[0] + ".experts"
+    base, _, leaf = module.rpartition(".")
+    if leaf in _PACK:
+        return f"{base}.{_PACK[leaf]}"
+    if leaf in _PACK_MLA:
+        return f"{base}.{_PACK_MLA[leaf]}"
+    if leaf in ("gate_proj", "up_proj") and {f"{base}.gate_proj", f"{base}.up_proj"} <= modules:
+        return f"{base}.gate_up_proj"
+    return module
+
+
+CASES = [(n, q) for n in sorted(BUILDERS) for q in ("bf16", "nvfp4") if q == "bf16" or BY_NAME[n].ships_nvfp4]
+
+
+def _case(tmp: Path, name: str, quant: str) -> tuple[Any, Any, list[str], list[str]]:
+    src = write_family_checkpoint(tmp / "src", name, quant=quant, drafter_quant=quant)
+    report = quantize_mtp(str(src), tmp / "dst", device="cpu")
+    layout = report.plan.layout
+    src_qc = json.loads((src / "config.json").read_text()).get("quantization_config")
+    var_qc = json.loads((tmp / "dst" / "config.json").read_text()).get("quantization_config")
+    drafter_set = set(layout.drafter_tensors)
+    modules = set(linear_modules(load_checkpoint_files(src).tensors))
+    targets = sorted(m for m in modules if not any(t.startswith(m + ".") for t in drafter_set))
+    n = json.loads((src / "config.json").read_text())["num_hidden_layers"]
+    keys = {vllm_drafter_key(lin.module, name, n) for lin in report.plan.linears}
+    drafter = sorted({vllm_layer(k, keys) for k in keys})
+    return src_qc, var_qc, targets, drafter
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_reads_every_family_drafter_as_fp8_and_the_target_as_before(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    cases = {f"{n}-{q}": _case(tmp_path / f"{n}-{q}", n, q) for n, q in CASES}
+    proc = subprocess.run(
+        [sys.executable, "-c", _ORACLE],
+        input=json.dumps(list(cases.values())),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for case, res in zip(cases, json.loads(proc.stdout), strict=True):
+        name, quant = case.rsplit("-", 1)
+        kv_trap = BY_NAME[name].mla and quant == "nvfp4"
+        assert res["mixed"] is not kv_trap, case  # MLA + quantized KV: the exclusion style
+        for layer, (before, after) in res["target"].items():
+            assert after == before, f"{case}: target {layer} was {before}, now {after}"
+        assert res["drafter"], case
+        for layer, algo in res["drafter"].items():
+            if kv_trap:
+                assert algo is None, f"{case}: {layer} must be excluded, got {algo}"
+            elif layer.endswith(".experts"):
+                assert algo == "FP8_PB_WO", f"{case}: {layer} -> {algo}"
+            else:
+                assert algo == "FP8_PER_CHANNEL_PER_TOKEN", f"{case}: {layer} -> {algo}"
+                assert algo in res["linear_algos"]
