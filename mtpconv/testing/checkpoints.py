@@ -85,7 +85,14 @@ def _layer(p: str, s: Spec, g: torch.Generator, *, moe: bool) -> dict[str, torch
         shared_name="shared_expert" if qwen else "shared_experts",
         fused_experts=s.fused_experts,
     )
-    return decoder_layer(p, dims, _random_fill(g))
+    layer = decoder_layer(p, dims, _random_fill(g))
+    if s.family == "mimo":
+        # MiMo's layers are Qwen2's (what vLLM's mimo.py / mimo_mtp.py load): q/k/v biases,
+        # no q/k norms.
+        layer = {k: v for k, v in layer.items() if not k.endswith(("q_norm.weight", "k_norm.weight"))}
+        for proj, heads in (("q_proj", s.heads), ("k_proj", s.kv_heads), ("v_proj", s.kv_heads)):
+            layer[f"{p}self_attn.{proj}.bias"] = _rand(g, heads * s.head_dim)
+    return layer
 
 
 def _norm(s: Spec) -> torch.Tensor:

@@ -84,6 +84,25 @@ def describe_drafter(worker: Any) -> dict[str, Any]:
     return {"class": f"{cls.__module__}.{cls.__name__}", "modules": modules}
 
 
+def describe_plain_and_target(worker: Any) -> dict[str, dict[str, list[str]]]:
+    """A probe for :func:`run`: the drafter's plain ``torch.nn.Linear`` modules (vLLM gives
+    them no quant method, so :func:`describe_drafter` does not list them) and the target's
+    linear layers, each ``name -> [class or quant method, weight dtype]``."""
+    drafter = worker.model_runner.drafter.model
+    plain = {
+        name: [type(m).__name__, str(m.weight.dtype)]
+        for name, m in drafter.named_modules()
+        if type(m) is torch.nn.Linear
+    }
+    target = {
+        name: [type(m.quant_method).__name__, str(m.weight.dtype)]
+        for name, m in worker.model_runner.model.named_modules()
+        if getattr(m, "quant_method", None) is not None
+        and isinstance(getattr(m, "weight", None), torch.Tensor)
+    }
+    return {"plain": plain, "target": target}
+
+
 @contextmanager
 def serve(
     model: Path, *, spec: bool = True, spec_extra: dict[str, Any] | None = None, **kwargs: Any
@@ -136,16 +155,18 @@ def run(
     spec_extra: dict[str, Any] | None = None,
     prompts: list[list[int]] = PROMPTS,
     max_tokens: int = MAX_TOKENS,
+    llm_kwargs: dict[str, Any] | None = None,
 ) -> Run:
     """Serve ``model``, generate ``prompts`` (default :data:`PROMPTS`) greedily, report and shut down.
 
     ``probe(worker)`` runs on vLLM's worker (same process) while the model is up;
-    its result lands in ``Run.extra["probe"]``.
+    its result lands in ``Run.extra["probe"]``. ``llm_kwargs`` go to ``LLM(...)``
+    (e.g. ``trust_remote_code=True`` for a checkpoint whose config is remote code).
     """
     saved = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     try:
-        with serve(model, spec=spec, spec_extra=spec_extra) as llm:
+        with serve(model, spec=spec, spec_extra=spec_extra, **(llm_kwargs or {})) as llm:
             outputs = generate(llm, prompts, max_tokens)
             result = Run(outputs=outputs)
             if spec:

@@ -37,9 +37,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ``planted*``: next token ``t + 1``; ``random*``: a fixed random permutation with
     a random drafter; ``moe*``: the planted model with a Qwen3.5-MoE layout.
     ``next*``: the same in the Qwen3-Next layout. ``*_fp8`` has FP8 drafter linears; ``*_fp8_vocab`` adds a 384-row FP8 draft head
-    (ids 0..383), ``*_fp8_vocab_bf16`` the same head in BF16.
+    (ids 0..383), ``*_fp8_vocab_bf16`` the same head in BF16. ``mimo*``: the planted model
+    in Xiaomi's MiMo layout (``MiMoMTP``; ``mimo_swapped``: ``input_proj`` halves exchanged).
     """
     from mtpconv.testing.planted import build_model as build
+    from mtpconv.testing.planted_mimo import build_mimo_model
     from mtpconv.testing.vllm_run import quantize_mtp, write_ids
 
     root = tmp_path_factory.mktemp("vllm_models")
@@ -59,6 +61,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out[f"{name}_fp8_vocab"] = quantize_mtp(
             out[name], root / f"{name}_fp8_vocab", "--draft-vocab", str(ids)
         )
+    out["mimo"] = build_mimo_model(root / "mimo")
+    out["mimo_swapped"] = build_mimo_model(root / "mimo_swapped", swap_proj=True)
+    for name in ("mimo", "mimo_swapped"):
+        out[f"{name}_fp8"] = quantize_mtp(out[name], root / f"{name}_fp8")
     out["random_fp8_vocab_bf16"] = quantize_mtp(
         out["random"], root / "random_fp8_vocab_bf16", "--draft-vocab", str(ids), "--draft-head-dtype", "bf16"
     )
