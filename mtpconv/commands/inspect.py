@@ -20,6 +20,7 @@ from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, Manifest, read_manifest
 from mtpconv.quantconfig.audit import audit_quant_configs
 from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
 from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
+from mtpconv.quantconfig.stock_view import StockView, source_view, variant_view
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class InspectReport:
     draft_vocab: dict[str, Any] | None
     variant: dict[str, Any] | None
     notes: list[str] = field(default_factory=list)
+    stock_vllm: StockView | None = None  # how stock vLLM reads (or would read) the drafter
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +85,7 @@ class InspectReport:
             "total_bytes": self.total_bytes,
             "draft_vocab": self.draft_vocab,
             "variant": self.variant,
+            "stock_vllm": None if self.stock_vllm is None else self.stock_vllm.to_dict(),
         }
 
 
@@ -238,6 +241,14 @@ def inspect_checkpoint(
     if manifest is not None:
         findings.append(_variant_finding(manifest))
     cost = draft_cost(layout, files.tensors, draft_vocab_size) if layout.has_drafter else None
+    stock = None
+    if layout.has_drafter and layout.linears and manifest is not None:
+        d = manifest.drafter
+        stock = variant_view(
+            configs, layout, fp8_linears=d.fp8_linears, kept_bf16=d.kept_bf16, style=d.declaration
+        )
+    elif layout.has_drafter and layout.linears:
+        stock = source_view(configs, files.tensors, layout)
     return InspectReport(
         source=spec,
         family=layout.family,
@@ -255,4 +266,5 @@ def inspect_checkpoint(
         total_bytes=files.total_tensor_bytes,
         draft_vocab=_draft_vocab_info(source.directory, manifest),
         variant=_variant_info(manifest),
+        stock_vllm=stock,
     )
