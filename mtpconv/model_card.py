@@ -25,8 +25,8 @@ from mtpconv.units import human_bytes
 
 CARD_NAME = "README.md"
 CARD_TAGS = ["mtp", "fp8", "speculative-decoding", "vllm"]
-# The variant only does what it is for in vLLM with the mtpconv plugin; a
-# transformers label would advertise a loading path that ignores the FP8 drafter.
+# vLLM is the engine that reads the variant's FP8 drafter (stock: the declared FP8; with the
+# plugin: + the truncated head); a transformers label would advertise a path that ignores it.
 LIBRARY_NAME = "vllm"
 SPECULATIVE_CONFIG = '{"method":"mtp","num_speculative_tokens":2}'
 INSTALL_COMMAND = 'pip install "mtpconv[vllm]"'

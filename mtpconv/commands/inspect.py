@@ -183,7 +183,7 @@ def _variant_finding(manifest: Manifest) -> Finding:
     else:
         how = (
             "excluded from the target's quant config: only the mtpconv vLLM plugin builds "
-            "them FP8 (stock vLLM refuses them)"
+            "them FP8 (stock vLLM refuses them loudly at load, never reads them wrong)"
         )
     kept = manifest.drafter.kept_bf16
     tail = f"; kept BF16: {', '.join(sorted(kept))} ({'; '.join(sorted(set(kept.values())))})" if kept else ""
