@@ -244,8 +244,14 @@ def inspect_checkpoint(
     stock = None
     if layout.has_drafter and layout.linears and manifest is not None:
         d = manifest.drafter
+        dv = manifest.draft_vocab
         stock = variant_view(
-            configs, layout, fp8_linears=d.fp8_linears, kept_bf16=d.kept_bf16, style=d.declaration
+            configs,
+            layout,
+            fp8_linears=d.fp8_linears,
+            kept_bf16=d.kept_bf16,
+            style=d.declaration,
+            head_file=None if dv is None else dv.head_file,  # None: pre-0.2, head in the weights
         )
     elif layout.has_drafter and layout.linears:
         stock = source_view(configs, files.tensors, layout)

@@ -181,14 +181,21 @@ def variant_view(
     fp8_linears: Collection[str],
     kept_bf16: Mapping[str, str],
     style: str,
+    head_file: str | None = None,
 ) -> StockView:
-    """What stock vLLM gets from a variant's own configs (its manifest names the FP8 linears)."""
+    """What stock vLLM gets from a variant's own configs (its manifest names the FP8 linears;
+    ``head_file``: where its truncated draft head is, if it has one)."""
     why = (
         "declared FP8 in the source's quant dialect"
         if style == DeclarationStyle.STANDARD.value
         else "excluded from the target's quant config: only the mtpconv plugin builds the drafter FP8, "
         "stock vLLM refuses it loudly"
     )
+    if head_file is not None:
+        why += (
+            f"; the truncated draft head ({head_file}) is outside the index: stock vLLM drafts with "
+            "the full target head, the plugin loads it"
+        )
     return view_of_configs(
         configs,
         layout,

@@ -60,3 +60,15 @@ def test_the_variant_carries_a_loadable_token_map(tmp_path: Path) -> None:
         warnings.simplefilter("ignore", UserWarning)
         hot = _sglang_load_token_map(tmp_path / "dst" / DRAFT_VOCAB_IDS_NAME, torch.int64)
     assert hot.tolist() == ids.tolist()
+
+
+def test_inspect_says_stock_vllm_skips_the_truncated_head(tmp_path: Path) -> None:
+    from mtpconv.commands.inspect import inspect_checkpoint
+
+    src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5"))
+    save_draft_vocab_ids(torch.arange(0, 256, 2), tmp_path / "ids.pt")
+    quantize_mtp(str(src), tmp_path / "dst", device="cpu", draft_vocab=tmp_path / "ids.pt")
+    view = inspect_checkpoint(str(tmp_path / "dst")).stock_vllm
+    assert view is not None and view.of.value == "variant"
+    assert "mtpconv/draft_head.safetensors) is outside the index" in view.reason
+    assert {r.gets for r in view.rows} == {"FP8_PER_CHANNEL_PER_TOKEN"}
