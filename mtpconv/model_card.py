@@ -25,8 +25,8 @@ from mtpconv.units import human_bytes
 
 CARD_NAME = "README.md"
 CARD_TAGS = ["mtp", "fp8", "speculative-decoding", "vllm"]
-# The variant only does what it is for in vLLM with the mtpconv plugin; a
-# transformers label would advertise a loading path that ignores the FP8 drafter.
+# vLLM is the engine that reads the variant's FP8 drafter (stock: the declared FP8; with the
+# plugin: + the truncated head); a transformers label would advertise a path that ignores it.
 LIBRARY_NAME = "vllm"
 SPECULATIVE_CONFIG = '{"method":"mtp","num_speculative_tokens":2}'
 INSTALL_COMMAND = 'pip install "mtpconv[vllm]"'
@@ -83,10 +83,15 @@ def find_license(directory: str | os.PathLike[str], manifest: Manifest) -> Licen
     return LicenseInfo(None)
 
 
-def build_model_card(directory: str | os.PathLike[str], manifest: Manifest, repo_id: str) -> str:
-    """The full ``README.md`` text (YAML front matter + body) for ``repo_id``."""
+def build_model_card(
+    directory: str | os.PathLike[str], manifest: Manifest, repo_id: str, *, base_model: str | None = None
+) -> str:
+    """The full ``README.md`` text (YAML front matter + body) for ``repo_id``.
+
+    ``base_model``: the source's Hub repo id where the manifest has none (a local source).
+    """
     directory = Path(directory)
-    source_repo = _str_or_none(manifest.source.get("repo_id"))
+    source_repo = base_model or _str_or_none(manifest.source.get("repo_id"))
     lic = find_license(directory, manifest)
     tensors = variant_tensors(directory, manifest)
 
@@ -105,7 +110,7 @@ def build_model_card(directory: str | os.PathLike[str], manifest: Manifest, repo
     body = [
         f"# {repo_id.split('/')[-1]}",
         "",
-        f"{_source_phrase(manifest)} with its Multi-Token-Prediction (MTP) drafter converted "
+        f"{_source_phrase(manifest, source_repo)} with its Multi-Token-Prediction (MTP) drafter converted "
         f"by [mtpconv](https://pypi.org/project/mtpconv/) {manifest.tool.get('version', '?')}. "
         "Only the drafter changed: every tensor outside it is byte-identical to the source, "
         "and draft tokens are still verified by the target model, so outputs are unchanged; "
@@ -122,13 +127,7 @@ def build_model_card(directory: str | os.PathLike[str], manifest: Manifest, repo
         f"vllm serve {repo_id} --speculative-config '{SPECULATIVE_CONFIG}'",
         "```",
         "",
-        "What each engine gets: stock vLLM (no plugin) loads the FP8 drafter through its own "
-        "ModelOpt MIXED_PRECISION support and drafts with the full target head (it never loads "
-        "`mtpconv/draft_head.safetensors`); with the mtpconv vLLM plugin (installed with the "
-        "package, loaded automatically) the drafter also uses the truncated draft head from "
-        "`mtpconv.json`. A stock engine serves this checkpoint correctly or refuses it loudly, "
-        "never silently wrong.",
-        "",
+        *_engines_section(manifest, repo_id, source_repo),
         *_license_section(lic, source_repo),
     ]
     return f"---\n{front}\n---\n\n" + "\n".join(body).rstrip() + "\n"
@@ -245,10 +244,74 @@ def _window_section(manifest: Manifest) -> list[str]:
     ]
 
 
+def _engines_section(manifest: Manifest, repo_id: str, source_repo: str | None) -> list[str]:
+    """What each engine gets from this variant, claiming only what is verified (README)."""
+    d = manifest.drafter
+    if d.declaration == "standard":
+        algos = ", ".join(sorted(set(d.declared_algorithms.values()))) or "its FP8 config group"
+        stock = (
+            f"the FP8 drafter through its own quant config ({algos}) and the full target head "
+            "(it never loads `mtpconv/draft_head.safetensors`)"
+        )
+    else:
+        stock = (
+            "refuses this variant loudly at load: the drafter is excluded from the quant config "
+            "while stored FP8; use the plugin"
+        )
+    if d.kept_bf16:
+        stock += "; " + ", ".join(f"`{m}`" for m in sorted(d.kept_bf16)) + " stay BF16 (plain `nn.Linear`)"
+    plugin = "the FP8 drafter on the plugin's kernels"
+    dv = manifest.draft_vocab
+    plugin += (
+        f" + the truncated {dv.size:,}-row draft head" if dv is not None else " (no truncated head here)"
+    )
+    lines = [
+        "## Engines",
+        "",
+        "| engine | what it gets |",
+        "|---|---|",
+        f"| stock vLLM >= 0.32 (no plugin) | {stock} |",
+        f"| vLLM + mtpconv plugin | {plugin} |",
+    ]
+    sglang = "the ids file as `--speculative-token-map` with the *source* checkpoint; not this drafter"
+    lines += [
+        f"| SGLang | {sglang if dv is not None else 'nothing (this variant has no draft vocabulary)'} |",
+        "",
+        "Stock vLLM serves this checkpoint correctly or refuses it loudly, never silently wrong.",
+        "",
+        "SGLang was not run. From its source (`python/sglang/srt/models/qwen3_5_mtp.py`), its Qwen3.5 "
+        "MTP class builds `fc` as a plain `nn.Linear` (the whole drafter unquantized under a ModelOpt "
+        "MIXED_PRECISION config) and skips `weight_scale` tensors: it would read this variant's FP8 "
+        "drafter without its scales. Its output would still be right (the target verifies every "
+        "draft), its drafts would not.",
+        "",
+    ]
+    if dv is None:
+        return lines
+    base = source_repo or "<the source checkpoint>"
+    return [
+        *lines,
+        f"`{dv.file}` is SGLang's token-map format (verified by mtpconv's tests: SGLang's load "
+        "path, `torch.load(..., weights_only=True)` then an int64 tensor, gives exactly these "
+        "ids); SGLang slices the target's head to them and maps drafted ids back:",
+        "",
+        "```bash",
+        f"python -m sglang.launch_server --model-path {base} --speculative-algorithm NEXTN \\",
+        f"  --speculative-token-map {repo_id}/{dv.file}",
+        "```",
+        "",
+    ]
+
+
 def _license_section(lic: LicenseInfo, source_repo: str | None) -> list[str]:
     lines = ["## Source and license", ""]
     if source_repo:
         lines.append(f"- Source: [{source_repo}](https://huggingface.co/{source_repo}).")
+    else:
+        lines.append(
+            "- Source: a local checkpoint; its base model on the Hub is unknown (publish with "
+            "`--base-model ID` to name it)."
+        )
     if lic.license and lic.found_in:
         name = f" ({lic.license_name})" if lic.license_name else ""
         lines.append(
@@ -292,8 +355,7 @@ def _absolute_link(link: str, directory: Path, manifest: Manifest) -> str:
     return f"https://huggingface.co/{repo}/blob/{rev}/{PurePosixPath(link)}"
 
 
-def _source_phrase(manifest: Manifest) -> str:
-    repo = manifest.source.get("repo_id")
+def _source_phrase(manifest: Manifest, repo: str | None) -> str:
     if repo:
         return f"[{repo}](https://huggingface.co/{repo})"
     path = manifest.source.get("path")

@@ -19,6 +19,7 @@ from mtpconv import __version__, console
 from mtpconv.cli import render
 from mtpconv.cli.options import (
     BalanceTpOpt,
+    BaseModelOpt,
     BranchOpt,
     ClearOpt,
     CommitMessageOpt,
@@ -155,6 +156,7 @@ def publish_cmd(
     commit_message: CommitMessageOpt = None,
     dry_run: PublishDryRunOpt = False,
     keep_card: KeepCardOpt = False,
+    base_model: BaseModelOpt = None,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -172,6 +174,7 @@ def publish_cmd(
             token=token,
             commit_message=commit_message,
             keep_card=keep_card,
+            base_model=base_model,
             offline=dry_run,
             notify=console.info,
             progress=progress,

@@ -151,6 +151,30 @@ RepoIdOpt = Annotated[
     str | None,
     typer.Option("--repo-id", metavar="USER/NAME", help="Default: <you>/<source name>-mtpfp8."),
 ]
+
+
+def _hub_repo_id(value: str | None) -> str | None:
+    """A usage error (exit 2, before anything is read) for a malformed Hub repo id."""
+    if value is None:
+        return None
+    from huggingface_hub.utils._validators import validate_repo_id
+
+    try:
+        validate_repo_id(value)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{value!r} is not a valid Hub repo id ({exc}).") from None
+    return value
+
+
+BaseModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--base-model",
+        metavar="ID",
+        callback=_hub_repo_id,
+        help="Hub repo id of the source, for the card's base_model (a local source has none).",
+    ),
+]
 PrivateOpt = Annotated[bool, typer.Option("--private", help="Create the repo private.")]
 BranchOpt = Annotated[
     str | None,

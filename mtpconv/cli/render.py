@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from mtpconv.commands.set_draft_window import DraftWindowReport
     from mtpconv.commands.verify import VerifyReport
     from mtpconv.draft_vocab.report import DraftVocabReport
+    from mtpconv.quantconfig.stock_view import StockView
 
 _SEVERITY_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -98,6 +99,9 @@ def render_inspect(r: InspectReport) -> None:
         )
         c.print(t)
 
+    if r.stock_vllm is not None:
+        _render_stock_view(r.stock_vllm)
+
     if r.findings:
         t = Table(title="Findings", title_justify="left")
         for col in ("severity", "module", "finding"):
@@ -108,6 +112,17 @@ def render_inspect(r: InspectReport) -> None:
         c.print(t)
     else:
         c.print("[green]No findings: the quant config matches the stored tensors.[/green]")
+
+
+def _render_stock_view(v: StockView) -> None:
+    whose = "what quantize-mtp would declare" if v.of.value == "source" else "what its configs declare"
+    t = Table(title=f"How stock vLLM reads the drafter ({whose})", title_justify="left", caption=v.reason)
+    for col in ("module", "kind", "stock vLLM gets", "why"):
+        t.add_column(col)
+    for row in v.rows:
+        shown = row.module + (f" ({row.count} modules)" if row.count > 1 else "")
+        t.add_row(escape(shown), row.kind.value, row.gets, escape(row.why))
+    out_console.print(t)
 
 
 def render_conversion(r: ConversionReport) -> None:

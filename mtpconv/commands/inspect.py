@@ -21,6 +21,7 @@ from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, Manifest, read_manifest
 from mtpconv.quantconfig.audit import audit_quant_configs
 from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
 from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
+from mtpconv.quantconfig.stock_view import StockView, source_view, variant_view
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class InspectReport:
     variant: dict[str, Any] | None
     notes: list[str] = field(default_factory=list)
     layout_error: str | None = None  # no family row matched its drafter (the CLI exits 1 after the report)
+    stock_vllm: StockView | None = None  # how stock vLLM reads (or would read) the drafter
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +87,7 @@ class InspectReport:
             "total_bytes": self.total_bytes,
             "draft_vocab": self.draft_vocab,
             "variant": self.variant,
+            "stock_vllm": None if self.stock_vllm is None else self.stock_vllm.to_dict(),
         }
 
 
@@ -200,7 +203,7 @@ def _variant_finding(manifest: Manifest) -> Finding:
     else:
         how = (
             "excluded from the target's quant config: only the mtpconv vLLM plugin builds "
-            "them FP8 (stock vLLM refuses them)"
+            "them FP8 (stock vLLM refuses them loudly at load, never reads them wrong)"
         )
     kept = manifest.drafter.kept_bf16
     tail = f"; kept BF16: {', '.join(sorted(kept))} ({'; '.join(sorted(set(kept.values())))})" if kept else ""
@@ -268,6 +271,20 @@ def inspect_checkpoint(
     if manifest is not None:
         findings.append(_variant_finding(manifest))
     cost = draft_cost(layout, files.tensors, draft_vocab_size) if layout.has_drafter else None
+    stock = None
+    if layout.has_drafter and layout.linears and manifest is not None:
+        d = manifest.drafter
+        dv = manifest.draft_vocab
+        stock = variant_view(
+            configs,
+            layout,
+            fp8_linears=d.fp8_linears,
+            kept_bf16=d.kept_bf16,
+            style=d.declaration,
+            head_file=None if dv is None else dv.head_file,  # None: pre-0.2, head in the weights
+        )
+    elif layout.has_drafter and layout.linears:
+        stock = source_view(configs, files.tensors, layout)
     return InspectReport(
         source=spec,
         family=layout.family,
@@ -286,4 +303,5 @@ def inspect_checkpoint(
         draft_vocab=_draft_vocab_info(source.directory, manifest),
         variant=_variant_info(manifest),
         layout_error=layout_error,
+        stock_vllm=stock,
     )

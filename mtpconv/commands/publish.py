@@ -128,6 +128,7 @@ def plan_publish(
     token: str | None = None,
     commit_message: str | None = None,
     keep_card: bool = False,
+    base_model: str | None = None,
     offline: bool = False,
     api: HubApi | None = None,
     notify: Callable[[str], None] | None = None,
@@ -138,8 +139,11 @@ def plan_publish(
     The structure is checked before any Hub call, the sha256s after the username
     is known (fail fast on auth). The only Hub call is ``whoami``, when the repo id
     needs your username; with ``offline`` it is skipped and the id shows
-    ``<your-username>``.
+    ``<your-username>``. ``base_model``: the source's Hub repo id for the card's
+    ``base_model`` (a local source records none).
     """
+    if base_model is not None:
+        validate_hub_repo_id(base_model, "--base-model ID")
     root = Path(directory)
     manifest = check_variant_structure(root)
     target = repo_id or default_repo_name(manifest)
@@ -160,7 +164,7 @@ def plan_publish(
     kept = keep_card and (root / CARD_NAME).is_file()
     if keep_card and not kept and notify is not None:
         notify(f"{root} has no {CARD_NAME} to keep; generating the model card.")
-    card = None if kept else build_model_card(root, manifest, target)
+    card = None if kept else build_model_card(root, manifest, target, base_model=base_model)
     listed = sorted([*manifest.variant_files, MANIFEST_NAME])
     items = [
         UploadItem(rel, (root / rel).stat().st_size, root / rel, digests.get(rel))
@@ -270,14 +274,17 @@ def _progress_bars(show: bool) -> Iterator[None]:
 
 
 def _validate_repo_id(repo_id: str) -> None:
+    validate_hub_repo_id(repo_id, "--repo-id USER/NAME")
+
+
+def validate_hub_repo_id(repo_id: str, flag: str) -> None:
+    """Raise `PublishError` unless ``repo_id`` is a valid Hub repo id (``flag``: what to pass)."""
     from huggingface_hub.utils._validators import validate_repo_id
 
     try:
         validate_repo_id(repo_id)
     except ValueError as exc:
-        raise PublishError(
-            f"{repo_id!r} is not a valid Hub repo id ({exc}); pass --repo-id USER/NAME."
-        ) from None
+        raise PublishError(f"{repo_id!r} is not a valid Hub repo id ({exc}); pass {flag}.") from None
 
 
 def _str_attr(obj: Any, name: str) -> str | None:

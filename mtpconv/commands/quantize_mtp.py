@@ -26,13 +26,13 @@ from mtpconv.checkpoint.writer import atomic_output_dir
 from mtpconv.conversion_options import Device, HeadDtype
 from mtpconv.errors import ConversionError, interruptible
 from mtpconv.jsonio import read_json
-from mtpconv.layouts import MtpLayout, detect_layout, linear_modules, module_of, text_config
+from mtpconv.layouts import MtpLayout, detect_layout, module_of
 from mtpconv.manifest import check_draft_window, read_manifest
 from mtpconv.plan import ConversionPlan, build_plan, check_destination
 from mtpconv.quantconfig.compressed_tensors import with_declared_layouts
 from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
 from mtpconv.quantconfig.rewrite import RewrittenConfigs
-from mtpconv.quantconfig.standard import DrafterDeclaration, standard_configs
+from mtpconv.quantconfig.standard import DrafterDeclaration, declare_drafter
 
 if TYPE_CHECKING:
     # torch (through the FP8 math and the writer) is imported only when a variant is
@@ -110,30 +110,13 @@ def pick_device(device: str) -> torch.device:
     return torch.device(choice.value)
 
 
-def _drafter_modules(layout: MtpLayout, plan: ConversionPlan) -> list[str]:
-    mods = {module_of(n) for n in layout.drafter_tensors}
-    if plan.draft_head is not None:
-        mods.add(module_of(plan.draft_head.tensor))
-    return sorted(mods)
-
-
 def variant_declaration(
     configs: QuantConfigs, files: CheckpointFiles, layout: MtpLayout, plan: ConversionPlan
 ) -> tuple[RewrittenConfigs, DrafterDeclaration]:
     """The variant's quant configs: the FP8 drafter in the source's dialect (DESIGN §5)."""
-    drafter = _drafter_modules(layout, plan)
-    drafter_set = set(drafter)
-    all_modules = {module_of(n) for n in files.tensors} | drafter_set
-    targets = [m for m in linear_modules(files.tensors) if m not in drafter_set]
-    return standard_configs(
-        configs,
-        fp8_linears=plan.linears,
-        drafter_modules=drafter,
-        target_linears=targets,
-        all_modules=all_modules,
-        family=layout.family,
-        num_layers=text_config(configs.config).get("num_hidden_layers"),
-        mla="kv_lora_rank" in text_config(configs.config),
+    head = [] if plan.draft_head is None else [module_of(plan.draft_head.tensor)]
+    return declare_drafter(
+        configs, files.tensors, layout, fp8_linears=plan.linears, extra_drafter_modules=head
     )
 
 

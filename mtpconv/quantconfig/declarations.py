@@ -21,7 +21,7 @@ from typing import Any
 from mtpconv.errors import QuantConfigError
 from mtpconv.names import VISION_MARKERS, drafter_alias
 from mtpconv.quantconfig.documents import HF_QUANT_JSON, QuantConfigs, quant_location
-from mtpconv.quantconfig.match import ExclusionMatcher
+from mtpconv.quantconfig.match import ExclusionMatcher, ct_expert_name
 
 _HEAD_LEAVES = frozenset({"lm_head", "draft_lm_head", "head"})
 _NVFP4_ALGOS = frozenset({"NVFP4", "W4A16_NVFP4", "NVFP4_AWQ", "NVFP4_SVD", "W4A8_NVFP4_FP8"})
@@ -241,8 +241,9 @@ def mixed_keys(layers: Mapping[str, Any], module: str) -> list[str]:
 
 def _ct_name_matches(target: str, module: str) -> bool:
     """A layer-name target (exact or ``re:``) against the names vLLM may see for ``module``
-    (a drafter module is built under ``mtp.``, whatever prefix it is stored with)."""
-    names = {module, drafter_alias(module) or module}
+    (a drafter module is built under ``mtp.``, whatever prefix it is stored with; a routed
+    expert is looked up by its expert-0 name, `match.ct_expert_name`)."""
+    names = {ct_expert_name(module), ct_expert_name(drafter_alias(module) or module)}
     if target.startswith("re:"):
         try:
             pattern = re.compile(target[3:])

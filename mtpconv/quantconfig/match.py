@@ -33,8 +33,16 @@ differ, and `vllm_view` models them:
   it). Patterns we write for the drafter use the ``mtp.*`` form, which matches the stored
   name too.
 
-compressed-tensors ``ignore`` entries match exactly or as ``re:`` regexes (``re.match``);
-the ``fp8`` method's ``ignored_layers`` / ``modules_to_not_convert`` match exactly.
+compressed-tensors, as vLLM 0.32 does it (``compressed_tensors/utils.py``
+``should_ignore_layer`` -> ``utils/config_utils.py`` ``find_matching_patterns``): ``ignore``
+entries match exactly or as ``re:`` regexes (``re.match``), first against the (fused) layer
+name, then shard by shard (all shards must agree, else vLLM raises); no substring, no
+fnmatch, no "experts" rule. Routed experts differ from ModelOpt: ``CompressedTensorsMoEMethod``
+looks the whole ``...mlp.experts`` layer up as ``...mlp.experts.0.{gate,up,down}_proj``, so
+an entry ``...mlp.experts`` excludes nothing, and expert 0's entries decide for every
+expert (`vllm_view` with the method gives that name). The ``fp8`` method's
+``ignored_layers`` / ``modules_to_not_convert`` match exactly (``is_layer_skipped``, with
+ModelOpt's "experts" rule).
 ``tests/quantconfig/test_vllm_oracle.py`` checks this rule against vLLM's own
 ``is_layer_excluded``.
 
@@ -65,18 +73,39 @@ FUSED_INTO = {
 }  # fmt: skip
 
 
+COMPRESSED_TENSORS = "compressed-tensors"
+
+
+def ct_expert_name(name: str) -> str:
+    """The name vLLM's compressed-tensors MoE method looks a per-expert module up by:
+    ``...experts.N.proj`` -> ``...experts.0.proj`` (every other name unchanged)."""
+    parts = name.split(".")
+    if "experts" not in parts[:-1]:
+        return name
+    at = parts.index("experts")
+    if not parts[at + 1].isdigit() or at + 2 >= len(parts):
+        return name
+    return ".".join([*parts[: at + 1], "0", *parts[at + 2 :]])
+
+
 @lru_cache(maxsize=1 << 18)
-def vllm_view(module: str) -> tuple[str, str]:
-    """``(shard, layer)``: the names vLLM matches a checkpoint module under.
+def vllm_view(module: str, method: str = "modelopt") -> tuple[str, str]:
+    """``(shard, layer)``: the names vLLM matches a checkpoint module under, for ``method``.
 
     ``layer`` is the vLLM layer prefix (fused leaf, or ``...experts`` for a routed expert);
     ``shard`` is the unfused name vLLM compares *exact* patterns with. A VLM-prefixed
     drafter module is seen as ``mtp.<rest>`` (the MTP classes are built with prefix mtp).
+    compressed-tensors sees a per-expert module ``...experts.N.proj`` as
+    ``...experts.0.proj``: the name its MoE method looks the whole layer up by.
     """
     base = drafter_alias(module) or module
     parts = base.split(".")
     if "experts" in parts[:-1]:
-        layer = ".".join(parts[: parts.index("experts") + 1])
+        at = parts.index("experts")
+        if method == COMPRESSED_TENSORS and parts[at + 1].isdigit() and at + 2 < len(parts):
+            name = ct_expert_name(base)
+            return name, name
+        layer = ".".join(parts[: at + 1])
         return layer, layer
     fused = FUSED_INTO.get(parts[-1])
     if fused is None:
@@ -128,6 +157,7 @@ class _Rule:
     substring_spans_lines: bool  # a literal holds a newline (joined-text search unsafe)
     regexes: tuple[re.Pattern[str], ...]  # re.match-ed on the layer (and shards, see below)
     regex_on_shards: bool  # compressed-tensors re-matches each fused shard too
+    method: str  # whose view of a module's names the rule is matched against (`vllm_view`)
 
 
 def _compile(patterns: list[str], method: str, source: str, *, merge_globs: bool) -> _Rule:
@@ -168,6 +198,7 @@ def _compile(patterns: list[str], method: str, source: str, *, merge_globs: bool
         substring_spans_lines=any("\n" in lit for lit in ordered),
         regexes=tuple(regexes),
         regex_on_shards=method != "modelopt",
+        method=method,
     )
 
 
@@ -193,8 +224,8 @@ def _rule_hits(rule: _Rule, names: _Names) -> bool:
 class _OneModule:
     __slots__ = ("shard", "layer")
 
-    def __init__(self, module: str) -> None:
-        self.shard, self.layer = vllm_view(module)
+    def __init__(self, module: str, method: str) -> None:
+        self.shard, self.layer = vllm_view(module, method)
 
     def any_exact(self, forms: frozenset[str]) -> bool:
         return self.shard in forms or self.layer in forms
@@ -214,10 +245,25 @@ class _OneModule:
 
 class ModuleSet:
     """Many modules, indexed so that "does this pattern match any of them" stays linear for
-    ~100k modules (the audit's unused patterns, the rewrite's forbidden modules)."""
+    ~100k modules (the audit's unused patterns, the rewrite's forbidden modules); one index
+    per method, since methods see a module under different names (`vllm_view`)."""
 
     def __init__(self, modules: Iterable[str]) -> None:
-        views = {vllm_view(m) for m in modules}
+        self._modules = list(dict.fromkeys(modules))
+        self._indexes: dict[str, _ModuleIndex] = {}
+
+    def index(self, method: str) -> _ModuleIndex:
+        """The modules as ``method`` sees them (built once per method)."""
+        if method not in self._indexes:
+            self._indexes[method] = _ModuleIndex(self._modules, method)
+        return self._indexes[method]
+
+
+class _ModuleIndex:
+    """The names of many modules under one method's view."""
+
+    def __init__(self, modules: Iterable[str], method: str) -> None:
+        views = {vllm_view(m, method) for m in modules}
         self._layers = sorted({layer for _, layer in views})
         self._names = sorted({n for view in views for n in view})
         self._name_set = frozenset(self._names)
@@ -256,11 +302,11 @@ class ExclusionPattern:
 
     def matches(self, module: str) -> bool:
         """Whether this pattern excludes ``module`` in vLLM."""
-        return _rule_hits(self._rule, _OneModule(module))
+        return _rule_hits(self._rule, _OneModule(module, self._rule.method))
 
     def matches_any(self, modules: ModuleSet) -> bool:
         """Whether this pattern excludes at least one module of ``modules``."""
-        return _rule_hits(self._rule, modules)
+        return _rule_hits(self._rule, modules.index(self._rule.method))
 
 
 class ExclusionMatcher:
@@ -274,7 +320,7 @@ class ExclusionMatcher:
 
     def excludes(self, module: str) -> bool:
         """Whether any pattern excludes ``module``."""
-        return _rule_hits(self._rule, _OneModule(module))
+        return _rule_hits(self._rule, _OneModule(module, self._rule.method))
 
     def matching(self, module: str) -> list[str]:
         """The patterns that exclude ``module``, in file order."""

@@ -27,7 +27,7 @@ from mtpconv.quantconfig.declarations import (
     quantized_anywhere,
 )
 from mtpconv.quantconfig.documents import CONFIG_JSON, HF_QUANT_JSON, QuantConfigs, quant_location
-from mtpconv.quantconfig.match import FUSED_INTO, ExclusionPattern, ModuleSet
+from mtpconv.quantconfig.match import COMPRESSED_TENSORS, FUSED_INTO, ExclusionPattern, ModuleSet, vllm_view
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,11 @@ def _candidates(module: str, method: str) -> list[str]:
     parts = name.split(".")
     leaf = parts[-1]
     expert_at = parts.index("experts") if "experts" in parts[:-1] else None
-    if method == "fp8" or method == "compressed-tensors":
+    if method == COMPRESSED_TENSORS:
+        # Exact names only. vLLM's compressed-tensors MoE method decides a routed-experts
+        # layer by expert 0's projections (`match.vllm_view`): one entry per projection.
+        return [vllm_view(module, method)[0]]
+    if method == "fp8":
         # Exact names only; routed experts are one vLLM layer named "...experts".
         if expert_at is not None:
             return [".".join(parts[: expert_at + 1])]

@@ -27,11 +27,12 @@ from enum import Enum
 from typing import Any
 
 from mtpconv import __version__
+from mtpconv.checkpoint.safetensors_io import TensorInfo
 from mtpconv.errors import QuantConfigError
 from mtpconv.families import STEP_MODULES, VllmNames
 from mtpconv.families import family as family_row
 from mtpconv.formats.scale_layout import ScaleLayout
-from mtpconv.layouts import Linear
+from mtpconv.layouts import Linear, MtpLayout, linear_modules, module_of, text_config
 from mtpconv.names import drafter_name
 from mtpconv.quantconfig import compressed_tensors as ct
 from mtpconv.quantconfig.declarations import (
@@ -47,6 +48,12 @@ from mtpconv.quantconfig.rewrite import RewrittenConfigs, variant_configs
 DENSE_ALGO = "FP8_PER_CHANNEL_PER_TOKEN"  # weight_scale f32 [out], dynamic per-token activations
 EXPERT_ALGO = "FP8_PB_WO"  # weight_scale_inv f32 128x128 blocks, dynamic activations
 EXPERT_BLOCK = 128
+# vLLM 0.32's ModelOptMixedPrecisionConfig.get_quant_method: the algorithms it builds a
+# method for, per layer kind; any other algorithm leaves that layer BF16, silently.
+VLLM_MIXED_LINEAR_ALGOS = frozenset(
+    {"FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8"}
+)
+VLLM_MIXED_MOE_ALGOS = frozenset({"FP8", "FP8_PB_WO", "FP8_BLOCK_SCALES", "NVFP4", "W4A16_NVFP4", "MXFP8"})
 _FLAT_REPLACED = frozenset(
     {"quant_algo", "quantization", "config_groups", "ignore", "exclude_modules", "quantized_layers"}
 )
@@ -150,6 +157,30 @@ def _source_layer_entry(
     if "NVFP4" in algo and group_size is not None:
         entry["group_size"] = group_size
     return entry
+
+
+def declare_drafter(
+    configs: QuantConfigs,
+    tensors: Mapping[str, TensorInfo],
+    layout: MtpLayout,
+    *,
+    fp8_linears: Sequence[Linear],
+    extra_drafter_modules: Collection[str] = (),
+) -> tuple[RewrittenConfigs, DrafterDeclaration]:
+    """`standard_configs` for a checkpoint: its targets, modules and family from its
+    headers and config (``extra_drafter_modules``: e.g. the draft head the variant adds)."""
+    drafter = {module_of(n) for n in layout.drafter_tensors} | set(extra_drafter_modules)
+    tcfg = text_config(configs.config)
+    return standard_configs(
+        configs,
+        fp8_linears=fp8_linears,
+        drafter_modules=sorted(drafter),
+        target_linears=[m for m in linear_modules(tensors) if m not in drafter],
+        all_modules={module_of(n) for n in tensors} | drafter,
+        family=layout.family,
+        num_layers=tcfg.get("num_hidden_layers"),
+        mla="kv_lora_rank" in tcfg,
+    )
 
 
 def standard_configs(
