@@ -173,9 +173,12 @@ class ShardJob:
                 if t.kind is OutKind.COPY:  # verbatim, in chunks: never a whole target tensor
                     assert t.source is not None and stream is not None
                     info = self.reader.info(t.source)
-                    _put(to_math, ("bytes", t.spec.name, info.nbytes, b"", True), failed)
+                    _put(to_math, ("bytes", t.spec.name, info.nbytes, b"", True, None), failed)
+                    at = info.start
                     for chunk in stream.chunks(info):
-                        _put(to_math, ("bytes", t.spec.name, info.nbytes, chunk, False), failed)
+                        span = (at, at + len(chunk))
+                        at = span[1]
+                        _put(to_math, ("bytes", t.spec.name, info.nbytes, chunk, False, span), failed)
                 else:
                     _put(to_math, self._read(stream, shard.file, t), failed)
             digests["source"] = stream.finish() if stream is not None else ""
@@ -183,10 +186,12 @@ class ShardJob:
 
         def write() -> None:
             while (item := _get(to_disk, failed)) is not _END:
-                name, nbytes, data, first = item
+                name, nbytes, data, first, span = item
                 if first:
                     writer.begin(name, nbytes)
                 writer.write_part(data)
+                if span is not None and stream is not None:
+                    stream.release(*span)  # a verbatim chunk, written: its source pages go
                 self.advance(len(data))
             digests["out"] = writer.close()
 
@@ -200,6 +205,9 @@ class ShardJob:
             while (item := _get(to_math, failed)) is not _END:
                 for part in self._compute(item):
                     _put(to_disk, part, failed)
+                if item[0] == "fp8" and stream is not None:
+                    for span in item[3]:  # the source weight is quantized: its pages go
+                        stream.release(*span)
             if self._open:
                 raise AssertionError(f"{shard.file}: plan lacks the other part of {sorted(self._open)}")
             _put(to_disk, _END, failed)
@@ -225,25 +233,30 @@ class ShardJob:
             lin = t.linear
             assert lin is not None
             weight = None
+            spans: list[tuple[int, int]] = []  # the source bytes this item reads
             if lin.module not in self._loaded:
                 assert stream is not None  # drafter linears live in source shards
                 self._loaded.add(lin.module)
-                weight = _source_weight(lambda n: self._tensor(stream, file, n), lin)
-            return ("fp8", t, weight)
-        return ("head", t, None)
+                weight = _source_weight(lambda n: self._tensor(stream, file, n, spans), lin)
+            return ("fp8", t, weight, spans)
+        return ("head", t, None, [])
 
-    def _tensor(self, stream: ShardStream, file: str, name: str) -> torch.Tensor:
+    def _tensor(
+        self, stream: ShardStream, file: str, name: str, spans: list[tuple[int, int]]
+    ) -> torch.Tensor:
         info = self.reader.info(name)
         if info.file == file:
+            spans.append((info.start, info.end))
             return tensor_from_bytes(stream.read(info), info)
         return self.reader.tensor(name)  # an NVFP4 scale stored in another shard
 
-    def _compute(self, item: tuple[Any, ...]) -> Iterator[tuple[str, int, Any, bool]]:
-        """The writer's items (name, nbytes, bytes, first part?) for one reader item."""
+    def _compute(self, item: tuple[Any, ...]) -> Iterator[tuple[str, int, Any, bool, tuple[int, int] | None]]:
+        """The writer's items (name, nbytes, bytes, first part?, source span of a verbatim
+        chunk) for one reader item."""
         if item[0] == "bytes":
             yield item[1:]
             return
-        kind, t, weight = item
+        kind, t, weight, _ = item
         name = t.spec.name
         if kind == "fp8":
             lin = t.linear
@@ -266,7 +279,7 @@ class ShardJob:
         if torch_dtype(t.spec.dtype) != out.dtype:
             raise AssertionError(f"writer expected {name} as {t.spec.dtype}, got {out.dtype}")
         data = tensor_bytes(out)
-        yield name, len(data), data, True
+        yield name, len(data), data, True, None
 
     def _start(self, module: str, make: Callable[[], tuple[Fp8Tensor, QuantError]]) -> None:
         fp8, error = make()

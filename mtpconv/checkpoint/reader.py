@@ -9,6 +9,8 @@ in another shard than its weight costs a reopen, not a second open handle).
 from __future__ import annotations
 
 import hashlib
+import mmap
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -75,66 +77,85 @@ class ShardStream:
     the conversion makes. A read before the current position (a scale stored
     ahead of its weight) is served too; the digest is then computed by a second
     pass in :meth:`finish`. With ``known_digest`` nothing is hashed.
+
+    The file is mapped privately (copy-on-write, never written back): a tensor is a
+    view of the page cache, not a copy in fresh memory, and :meth:`release` drops the
+    pages of a range its consumer is done with, so the mapping does not grow the
+    process's memory with the shard. A released page read again is simply read again.
     """
 
     def __init__(self, path: Path, known_digest: str | None = None) -> None:
         self.path = path
         self._f: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in finish()/close()
+        size = os.fstat(self._f.fileno()).st_size
+        self._map = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
+        self._view = memoryview(self._map) if self._map is not None else memoryview(b"")
         self._known = known_digest
         self._sha = None if known_digest else hashlib.sha256()
         self._pos = 0
 
+    def _span(self, info: TensorInfo) -> memoryview:
+        if info.end > len(self._view):
+            raise CheckpointFormatError(
+                f"{info.file}: tensor {info.name!r} is cut short at byte {len(self._view)}; "
+                "the file is truncated."
+            )
+        return self._view[info.start : info.end]
+
     def _seek(self, start: int) -> None:
         if self._sha is not None and start >= self._pos:
-            while self._pos < start:  # a gap (header, a dropped tensor): hash it, keep nothing
-                chunk = self._f.read(min(start - self._pos, _STREAM_CHUNK))
-                if not chunk:
-                    break
-                self._sha.update(chunk)
-                self._pos += len(chunk)
+            self._sha.update(self._view[self._pos : start])  # a gap (header, a dropped tensor)
+            self._pos = start
         else:
             self._sha = None  # out of order: finish() hashes the file in a second pass
-            self._f.seek(start)
 
-    def read(self, info: TensorInfo) -> bytearray:
-        """The raw bytes of ``info`` (a tensor of this shard)."""
+    def read(self, info: TensorInfo) -> memoryview:
+        """The raw bytes of ``info`` (a tensor of this shard): a view, valid until :meth:`close`."""
+        span = self._span(info)
         self._seek(info.start)
-        buf = read_tensor_bytes(self._f, info)
-        self._consumed(buf, info.end)
-        return buf
+        self._consumed(span, info.end)
+        return span
 
-    def chunks(self, info: TensorInfo) -> Iterator[bytes]:
-        """The raw bytes of ``info`` in chunks of at most 64 MiB (a verbatim copy)."""
+    def chunks(self, info: TensorInfo) -> Iterator[memoryview]:
+        """The raw bytes of ``info`` in views of at most 64 MiB (a verbatim copy)."""
+        span = self._span(info)
         self._seek(info.start)
-        left = info.nbytes
-        while left:
-            chunk = self._f.read(min(left, _STREAM_CHUNK))
-            if not chunk:
-                raise CheckpointFormatError(
-                    f"{info.file}: tensor {info.name!r} is cut short; the file is truncated."
-                )
-            self._consumed(chunk, self._f.tell())
-            left -= len(chunk)
+        for lo in range(0, info.nbytes, _STREAM_CHUNK):
+            chunk = span[lo : lo + _STREAM_CHUNK]
+            self._consumed(chunk, info.start + lo + len(chunk))
             yield chunk
 
-    def _consumed(self, data: bytes | bytearray, end: int) -> None:
+    def _consumed(self, data: memoryview, end: int) -> None:
         if self._sha is not None:
             self._sha.update(data)
             self._pos = end
 
+    def release(self, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` are no longer needed: drop their whole pages from memory."""
+        lo = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        hi = end // mmap.PAGESIZE * mmap.PAGESIZE
+        if self._map is not None and hi > lo and not self._map.closed:
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
     def finish(self) -> str:
-        """The sha256 of the whole shard (the rest of the file is read to end it)."""
+        """The sha256 of the whole shard (the rest of the file is hashed to end it)."""
         try:
             if self._known is not None:
                 return self._known
             if self._sha is None:
                 return sha256_file(self.path)
-            while chunk := self._f.read(_STREAM_CHUNK):
-                self._sha.update(chunk)
+            self._sha.update(self._view[self._pos :])
             return self._sha.hexdigest()
         finally:
             self.close()
 
     def close(self) -> None:
-        """Close the file (idempotent)."""
+        """Unmap and close the file (idempotent). A view still held elsewhere keeps the
+        mapping alive until it is dropped."""
+        try:
+            self._view.release()
+            if self._map is not None:
+                self._map.close()
+        except BufferError:
+            pass  # views handed out are still alive: the mapping goes with the last of them
         self._f.close()

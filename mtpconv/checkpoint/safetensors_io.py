@@ -207,7 +207,7 @@ def torch_dtype(dtype: str) -> torch.dtype:
     return table[dtype]
 
 
-def tensor_from_bytes(buf: bytearray, info: TensorInfo) -> torch.Tensor:
+def tensor_from_bytes(buf: bytearray | memoryview, info: TensorInfo) -> torch.Tensor:
     """A CPU torch tensor over ``buf`` (the raw bytes of ``info``), sharing its memory."""
     import torch
 

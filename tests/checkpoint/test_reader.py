@@ -54,3 +54,63 @@ def test_closed_on_error(tmp_path: Path) -> None:
     except RuntimeError:
         pass
     assert handle.closed
+
+
+def _big_shard(tmp_path: Path) -> Path:
+    g = torch.Generator().manual_seed(0)
+    tensors = {f"t{i}": torch.randn(300, 1000 + i, generator=g).to(torch.bfloat16) for i in range(3)}
+    save_file(tensors, str(tmp_path / "s.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": dict.fromkeys(tensors, "s.safetensors")})
+    )
+    return tmp_path
+
+
+def test_stream_views_hash_and_release(tmp_path: Path) -> None:
+    """Views of the mapped shard hash like the file; released pages read back the same
+    bytes; the file is untouched; a view outlives close()."""
+    import hashlib
+
+    from mtpconv.checkpoint.reader import ShardStream
+    from mtpconv.checkpoint.safetensors_io import tensor_from_bytes
+
+    files = load_checkpoint_files(_big_shard(tmp_path))
+    path = tmp_path / "s.safetensors"
+    before = path.read_bytes()
+    stream = ShardStream(path)
+    infos = sorted((files.tensors[n] for n in ("t0", "t1", "t2")), key=lambda i: i.start)
+    first = stream.read(infos[0])
+    copy = bytes(first)
+    stream.release(infos[0].start, infos[0].end)
+    assert bytes(first) == copy  # a released page is read again from the file
+    t = tensor_from_bytes(first, infos[0])
+    t.mul_(2)  # a private mapping: writing a view never reaches the file
+    chunks = list(stream.chunks(infos[1]))
+    assert b"".join(bytes(c) for c in chunks) == before[infos[1].start : infos[1].end]
+    kept = stream.read(infos[2])
+    assert stream.finish() == hashlib.sha256(before).hexdigest()
+    assert bytes(kept) == before[infos[2].start : infos[2].end]  # still valid after close
+    assert path.read_bytes() == before
+
+
+def test_stream_out_of_order_and_truncated(tmp_path: Path) -> None:
+    import hashlib
+
+    import pytest
+
+    from mtpconv.checkpoint.reader import ShardStream
+    from mtpconv.errors import CheckpointFormatError
+
+    files = load_checkpoint_files(_big_shard(tmp_path))
+    path = tmp_path / "s.safetensors"
+    infos = sorted((files.tensors[n] for n in ("t0", "t1", "t2")), key=lambda i: i.start)
+    stream = ShardStream(path)
+    stream.read(infos[1])
+    stream.read(infos[0])  # behind the position: the digest takes a second pass
+    assert stream.finish() == hashlib.sha256(path.read_bytes()).hexdigest()
+    with open(path, "r+b") as f:
+        f.truncate(infos[2].end - 10)
+    stream = ShardStream(path)
+    with pytest.raises(CheckpointFormatError, match="truncated"):
+        stream.read(infos[2])
+    stream.close()
