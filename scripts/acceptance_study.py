@@ -9,7 +9,7 @@ head at K = 12.5 / 25 / 50% of the vocabulary, each built two ways with
 not the model's own words) and from the model's own generations (``--generate``, 64
 build prompts sampled at temperature 0.8). Each variant is served with
 ``speculative_config={"method": "mtp", "num_speculative_tokens": k}`` on held-out
-prompts (greedy); acceptance is vLLM's own counters
+prompts (greedy, up to 48 tokens, stopping at EOS as a deployment does); acceptance is vLLM's own counters
 (``vllm:spec_decode_num_accepted_tokens`` / ``vllm:spec_decode_num_draft_tokens``).
 "coverage" is the share of the greedy served tokens (no speculation) inside the
 head; "held-out gen." the sidecar's coverage of what the model samples for the
@@ -29,7 +29,7 @@ from pathlib import Path
 from mtpconv.testing.vllm_stub import use_in_this_environment
 
 FRACTIONS = (0.125, 0.25, 0.5)
-BUILD_PROMPTS, SERVED_PROMPTS, MAX_TOKENS = 64, 32, 48
+BUILD_PROMPTS, SERVED_PROMPTS, MAX_TOKENS = 256, 64, 48
 ENGINE = dict(
     dtype="bfloat16",
     enforce_eager=True,
@@ -54,6 +54,32 @@ def _jsonl(path: Path, key: str, values: list[str]) -> Path:
     return path
 
 
+def _serve(path: Path, prompts: list[list[int]], k: int | None) -> tuple[list[list[int]], int, int]:
+    """Greedy outputs (stopping at EOS) and vLLM's (accepted, drafted) counters; k None: no spec."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from mtpconv.testing.vllm_run import serve
+
+    extra = {"num_speculative_tokens": k} if k else None
+    with serve(path, spec=k is not None, spec_extra=extra) as llm:
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        outputs = [list(o.outputs[0].token_ids) for o in outs]
+        if k is None:
+            return outputs, 0, 0
+        metrics = llm.get_metrics()
+
+        def total(name: str) -> int:
+            return int(sum(getattr(m, "value", 0) for m in metrics if m.name == name))
+
+        return (
+            outputs,
+            total("vllm:spec_decode_num_accepted_tokens"),
+            total("vllm:spec_decode_num_draft_tokens"),
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("model", type=Path, help="a checkpoint from scripts/train_tiny_drafter.py")
@@ -66,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     from mtpconv.commands.build_draft_vocab import build_draft_vocab
     from mtpconv.draft_vocab.generate import SamplingSettings
     from mtpconv.testing.trained import grammar_text
-    from mtpconv.testing.vllm_run import quantize_mtp, run
+    from mtpconv.testing.vllm_run import quantize_mtp
 
     work = a.workdir or Path(tempfile.mkdtemp(prefix="mtpconv-study-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -106,23 +132,26 @@ def main(argv: list[str] | None = None) -> None:
             label = f"FP8 + {k_ids}-id head ({frac:.1%}), {how}-built"
             variants[label] = (path, set(r.ids), held_cov)
 
-    nospec = run(a.model, spec=False, prompts=prompts, max_tokens=MAX_TOKENS).outputs
+    nospec = _serve(a.model, prompts, None)[0]
     served = [t for o in nospec for t in o]
     rows = []
     for label, (path, ids, held_cov) in variants.items():
         cells, same = [], True
         for k in a.ks:
-            r = run(path, prompts=prompts, max_tokens=MAX_TOKENS, spec_extra={"num_speculative_tokens": k})
-            cells.append(f"{r.acceptance:.1%} ({r.accepted}/{r.drafted})")
-            same = same and r.outputs == nospec
-            print(f"{label}, k={k}: {r.accepted}/{r.drafted}", flush=True)
+            outputs, accepted, drafted = _serve(path, prompts, k)
+            cells.append(f"{accepted / max(drafted, 1):.1%} ({accepted}/{drafted})")
+            same = same and outputs == nospec
+            print(f"{label}, k={k}: {accepted}/{drafted}", flush=True)
         cov = 1.0 if ids is None else sum(t in ids for t in served) / len(served)
         held_s = "-" if held_cov is None else f"{held_cov:.1%}"
         rows.append(
             f"| {label} | {cov:.1%} | {held_s} | " + " | ".join(cells) + f" | {'yes' if same else 'no'} |"
         )
     head = "| drafter | coverage (served) | held-out gen. | " + " | ".join(f"k={k}" for k in a.ks)
-    print(f"\n{SERVED_PROMPTS} served prompts x {MAX_TOKENS} greedy tokens, vocabulary {vocab}\n")
+    print(
+        f"\n{SERVED_PROMPTS} served prompts, greedy, <= {MAX_TOKENS} tokens ({len(served)} in all), "
+        f"vocabulary {vocab}\n"
+    )
     print(head + " | output == no-spec |")
     print("|---|---:|---:|" + "---:|" * len(a.ks) + "---|")
     print("\n".join(rows))
