@@ -18,11 +18,13 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    ProgressColumn,
     TaskProgressColumn,
     TextColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
+from rich.text import Text
 
 # Re-exported: the renderers take every formatting helper from here.
 
@@ -89,6 +91,18 @@ def byte_progress() -> Iterator[ProgressCallback]:
         yield _RichProgress(progress)
 
 
+class _RateColumn(ProgressColumn):
+    """Items per second of a counting bar (e.g. tokens/s while generating)."""
+
+    def __init__(self, unit: str) -> None:
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: Any) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.0f} {self.unit}/s" if speed else f"? {self.unit}/s")
+
+
 @contextmanager
 def count_progress(unit: str = "items") -> Iterator[ProgressCallback]:
     """A counting progress bar (e.g. tokens) on a terminal; silent otherwise."""
@@ -100,6 +114,7 @@ def count_progress(unit: str = "items") -> Iterator[ProgressCallback]:
         BarColumn(),
         TaskProgressColumn(),
         TextColumn(f"{{task.completed:,.0f}} {unit}"),
+        _RateColumn(unit),
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=err_console, transient=False) as progress:

@@ -53,6 +53,12 @@ class DraftVocabError(MtpconvError):
     """A draft vocabulary, corpus or tokenizer is unusable."""
 
 
+class DraftVocabUsageError(DraftVocabError):
+    """A build-draft-vocab request that cannot work (a bad prompts line, weight or pairing): exit 2."""
+
+    exit_code = 2
+
+
 class ManifestError(MtpconvError):
     """mtpconv.json is missing, malformed or disagrees with the files."""
 

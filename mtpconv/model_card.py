@@ -207,6 +207,26 @@ def _error_section(manifest: Manifest) -> list[str]:
     return [*lines, "", "Per-tensor figures are in `mtpconv.json` (`quantization_error`).", ""]
 
 
+_GENERATED_KEYS = ("generated", "eval_generated")
+
+
+def _generated_lines(corpus: dict[str, Any]) -> list[str]:
+    """Coverage of the text the model itself generates, where the sidecar recorded it."""
+    lines = []
+    made, held = corpus.get("generated"), corpus.get("eval_generated")
+    if isinstance(made, dict) and isinstance(made.get("coverage"), int | float):
+        lines.append(
+            f"- Coverage of text the model generates: {100 * made['coverage']:.2f}% "
+            f"({_plain(made.get('tokens'))} tokens generated for {_plain(made.get('prompts'))} prompts)."
+        )
+    if isinstance(held, dict) and isinstance(held.get("coverage"), int | float):
+        lines.append(
+            f"- Coverage of text the model generates for held-out prompts: {100 * held['coverage']:.2f}% "
+            f"({_plain(held.get('tokens'))} tokens)."
+        )
+    return lines
+
+
 def _vocab_section(manifest: Manifest) -> list[str]:
     dv = manifest.draft_vocab
     lines = ["## Draft vocabulary", ""]
@@ -215,8 +235,11 @@ def _vocab_section(manifest: Manifest) -> list[str]:
     lines.append(f"- {dv.size:,} token ids (`{dv.file}`), head `{dv.head_tensor}` in {dv.head_dtype}.")
     if dv.coverage is not None:
         lines.append(f"- Coverage of the corpus: {100 * dv.coverage:.2f}%.")
-    if dv.corpus:
-        desc = ", ".join(f"{k}: {_plain(v)}" for k, v in dv.corpus.items())
+    lines += _generated_lines(dv.corpus or {})
+    # Generated text (build-draft-vocab --generate) has its own lines above.
+    counted = {k: v for k, v in (dv.corpus or {}).items() if k not in _GENERATED_KEYS}
+    if counted:
+        desc = ", ".join(f"{k}: {_plain(v)}" for k, v in counted.items())
         lines.append(f"- Corpus: {desc}.")
     else:
         lines.append("- Corpus: not recorded.")

@@ -81,6 +81,21 @@ def test_draft_vocabulary_section(tmp_path: Path) -> None:
     assert "- Corpus: name: tiny-corpus, documents: 1,200, tokens: 345,678." in body
 
 
+def test_draft_vocabulary_built_from_generated_text(tmp_path: Path) -> None:
+    directory, manifest = make_variant(tmp_path / "v")
+    assert manifest.draft_vocab is not None
+    manifest.draft_vocab.corpus = {
+        "files": [],
+        "tokens": 0,
+        "generated": {"prompts": 64, "tokens": 4096, "coverage": 0.9875},
+        "eval_generated": {"prompts": 32, "tokens": 2048, "coverage": 0.97},
+    }
+    _, body = _split(build_model_card(directory, manifest, REPO))
+    assert "- Coverage of text the model generates: 98.75% (4,096 tokens generated for 64 prompts)." in body
+    assert "- Coverage of text the model generates for held-out prompts: 97.00% (2,048 tokens)." in body
+    assert "- Corpus: files: [], tokens: 0." in body
+
+
 def test_without_draft_vocabulary(tmp_path: Path) -> None:
     directory, manifest = make_variant(tmp_path / "v", draft_vocab=False)
     _, body = _split(build_model_card(directory, manifest, REPO))

@@ -35,13 +35,17 @@ from mtpconv.cli.options import (
     DraftWindowOpt,
     DryRunOpt,
     EvalCorpusOpt,
+    EvalPromptsOpt,
     FixDestinationArg,
     ForceOpt,
     FullOpt,
+    GeneratedWeightOpt,
+    GenerateOpt,
     HeadDtypeOpt,
     InPlaceOpt,
     JsonOpt,
     KeepCardOpt,
+    MaxNewTokensOpt,
     MaxTokensOpt,
     OutputOpt,
     PlotOpt,
@@ -50,10 +54,13 @@ from mtpconv.cli.options import (
     QuietOpt,
     RepoIdOpt,
     RevisionOpt,
+    SeedOpt,
     SizeOpt,
     SourceArg,
+    TemperatureOpt,
     TextFieldOpt,
     TokenOpt,
+    TopPOpt,
     VariantDirArg,
     WindowArg,
 )
@@ -326,8 +333,8 @@ def fix_exclusions_cmd(
 def build_draft_vocab_cmd(
     source: SourceArg,
     *,
-    corpus: CorpusOpt,
     size: SizeOpt,
+    corpus: CorpusOpt = None,
     output: OutputOpt = Path("mtp_draft_vocab_ids.pt"),
     revision: RevisionOpt = None,
     text_field: TextFieldOpt = "text",
@@ -335,18 +342,33 @@ def build_draft_vocab_cmd(
     eval_corpus: EvalCorpusOpt = None,
     balance_tp: BalanceTpOpt = None,
     plot: PlotOpt = None,
+    generate: GenerateOpt = None,
+    eval_prompts: EvalPromptsOpt = None,
+    max_new_tokens: MaxNewTokensOpt = 256,
+    temperature: TemperatureOpt = 0.7,
+    top_p: TopPOpt = 0.95,
+    seed: SeedOpt = 0,
+    generated_weight: GeneratedWeightOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Count token frequencies with the checkpoint's tokenizer; keep the top-K ids."""
+    """Count token frequencies (of a corpus or the model's own outputs); keep the top-K ids."""
     _apply_switches(quiet=quiet, debug=debug)
+    if not corpus and generate is None:
+        _usage_error(
+            "Missing option '--corpus' (or --generate PROMPTS.jsonl): give a corpus, prompts, or both."
+        )
     from mtpconv.commands.build_draft_vocab import build_draft_vocab
+    from mtpconv.draft_vocab.generate import SamplingSettings
 
-    with console.byte_progress() as progress:
+    sampling = SamplingSettings(max_new_tokens, temperature, top_p, seed)
+    # One live bar at a time: generation (tokens/s) is the long part when asked for.
+    bar = console.count_progress("tokens") if generate is not None else console.byte_progress()
+    with bar as progress:
         report = build_draft_vocab(
             source,
-            corpus,
+            corpus or [],
             size,
             output,
             revision=revision,
@@ -355,7 +377,12 @@ def build_draft_vocab_cmd(
             eval_corpora=eval_corpus or (),
             balance_tp=balance_tp,
             plot=plot,
-            progress=progress,
+            progress=None if generate is not None else progress,
+            generate=generate,
+            eval_prompts=eval_prompts,
+            sampling=sampling,
+            generated_weight=generated_weight,
+            generation_progress=progress if generate is not None else None,
         )
     if as_json:
         render.render_json(report)

@@ -85,7 +85,7 @@ CopyShardsOpt = Annotated[bool, typer.Option("--copy", help="Copy shards instead
 
 # build-draft-vocab
 CorpusOpt = Annotated[
-    list[Path],
+    list[Path] | None,
     typer.Option(
         "--corpus",
         metavar="PATH",
@@ -128,6 +128,42 @@ BalanceTpOpt = Annotated[
 PlotOpt = Annotated[
     Path | None,
     typer.Option("--plot", metavar="PNG", dir_okay=False, help="Write the coverage curve as a PNG."),
+]
+GenerateOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--generate",
+        metavar="PROMPTS.jsonl",
+        exists=True,
+        dir_okay=False,
+        help="Count what the model generates (in vLLM) for these prompts: one JSON object a line.",
+    ),
+]
+EvalPromptsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--eval-prompts",
+        metavar="PROMPTS.jsonl",
+        exists=True,
+        dir_okay=False,
+        help="Held-out prompts: coverage of what the model generates for them.",
+    ),
+]
+MaxNewTokensOpt = Annotated[
+    int, typer.Option("--max-new-tokens", metavar="N", min=1, help="Tokens generated per prompt.")
+]
+TemperatureOpt = Annotated[
+    float, typer.Option("--temperature", metavar="T", min=0.0, help="Sampling temperature (0 = greedy).")
+]
+TopPOpt = Annotated[float, typer.Option("--top-p", metavar="P", min=0.0, max=1.0, help="Nucleus sampling.")]
+SeedOpt = Annotated[int, typer.Option("--seed", metavar="N", help="Sampling seed (prompt i uses N + i).")]
+GeneratedWeightOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--generated-weight",
+        metavar="W",
+        help="Share (0 < W < 1) of generated text when mixed with --corpus; default 0.5.",
+    ),
 ]
 
 # set-draft-window

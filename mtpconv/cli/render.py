@@ -174,20 +174,40 @@ def render_fix(r: FixReport) -> None:
 
 def render_draft_vocab(r: DraftVocabReport) -> None:
     """The counting summary (stderr), the coverage table and the files written (stdout)."""
-    stopped = " (stopped at --max-tokens)" if r.corpus.truncated else ""
-    console.info(
-        f"Counted {r.corpus.tokens:,} tokens in {len(r.corpus.files)} file(s) in "
-        f"{r.seconds:.1f} s ({r.tokens_per_second:,.0f} tokens/s){stopped}."
-    )
-    held_out = {p.size: p.coverage for p in r.eval.coverage_table} if r.eval else {}
-    table = Table(title=f"Coverage of {r.corpus.tokens:,} corpus tokens", title_justify="left")
-    table.add_column("draft vocab size", justify="right")
-    table.add_column("corpus", justify="right")
+    g, eg = r.generated, r.eval_generated
+    if g is not None or eg is not None:
+        made = sum(x.tokens for x in (g, eg) if x is not None)
+        asked = sum(x.prompts for x in (g, eg) if x is not None)
+        console.info(
+            f"Generated {made:,} tokens for {asked:,} prompt(s) in {r.generation_seconds:.1f} s "
+            f"({r.generation_tokens_per_second:,.0f} tokens/s)."
+        )
+    if r.corpus.files:
+        stopped = " (stopped at --max-tokens)" if r.corpus.truncated else ""
+        console.info(
+            f"Counted {r.corpus.tokens:,} tokens in {len(r.corpus.files)} file(s) in "
+            f"{r.seconds:.1f} s ({r.tokens_per_second:,.0f} tokens/s){stopped}."
+        )
+    # What the ranking counted: the corpus, the generated text, or both mixed.
+    counted = "corpus" if g is None else ("generated" if not r.corpus.files else "mixed")
+    tokens = r.corpus.tokens + (g.tokens if g is not None else 0)
+    extra: list[tuple[str, dict[int, float]]] = []
+    if g is not None and r.corpus.files:
+        extra.append((f"generated (weight {g.weight})", {p.size: p.coverage for p in g.coverage_table}))
     if r.eval:
-        table.add_column(f"held-out ({r.eval.corpus.tokens:,} tokens)", justify="right")
+        held = {p.size: p.coverage for p in r.eval.coverage_table}
+        extra.append((f"held-out ({r.eval.corpus.tokens:,} tokens)", held))
+    if eg is not None:
+        held = {p.size: p.coverage for p in eg.coverage_table}
+        extra.append((f"held-out generated ({eg.tokens:,} tokens)", held))
+    table = Table(title=f"Coverage of {tokens:,} {counted} tokens", title_justify="left")
+    table.add_column("draft vocab size", justify="right")
+    table.add_column(counted, justify="right")
+    for header, _ in extra:
+        table.add_column(header, justify="right")
     for p in r.coverage_table:
         row = [f"{p.size:,}" + (" (K)" if p.size == r.size else ""), f"{p.coverage:.2%}"]
-        table.add_row(*row, *([f"{held_out[p.size]:.2%}"] if r.eval else []))
+        table.add_row(*row, *[f"{col[p.size]:.2%}" for _, col in extra])
     out_console.print(table)
     plotted = f"; plot {r.plot}" if r.plot else ""
     _echo(
