@@ -57,7 +57,8 @@ class GeneratedCount:
 def require_vllm() -> None:
     """Refuse ``--generate`` in one sentence when vLLM cannot be imported."""
     try:
-        import vllm  # noqa: F401
+        # `import vllm` alone is lazy; importing the engine class loads vLLM for real.
+        from vllm import LLM  # noqa: F401
     except ImportError as exc:
         raise DraftVocabError(
             f"--generate runs the model in vLLM, which is not installed: {VLLM_HINT}."

