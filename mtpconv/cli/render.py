@@ -115,13 +115,19 @@ def render_inspect(r: InspectReport) -> None:
 
 
 def _render_stock_view(v: StockView) -> None:
+    """One row per (kind, what vLLM gets, why): the per-module list is in ``--json``."""
     whose = "what quantize-mtp would declare" if v.of.value == "source" else "what its configs declare"
     t = Table(title=f"How stock vLLM reads the drafter ({whose})", title_justify="left", caption=v.reason)
-    for col in ("module", "kind", "stock vLLM gets", "why"):
+    for col in ("modules", "kind", "stock vLLM gets", "why"):
         t.add_column(col)
+    groups: dict[tuple[str, str, str], list[tuple[str, int]]] = {}
     for row in v.rows:
-        shown = row.module + (f" ({row.count} modules)" if row.count > 1 else "")
-        t.add_row(escape(shown), row.kind.value, row.gets, escape(row.why))
+        groups.setdefault((row.kind.value, row.gets, row.why), []).append((row.module, row.count))
+    for (kind, gets, why), members in groups.items():
+        total = sum(n for _, n in members)
+        first = members[0][0]
+        shown = first if total == 1 else f"{total} modules: {first}" + (", ..." if len(members) > 1 else "")
+        t.add_row(escape(shown), kind, gets, escape(why))
     out_console.print(t)
 
 

@@ -92,3 +92,18 @@ def test_cli_start_up_imports_no_command_module() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_stock_view_is_one_row_per_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    """Dozens of drafter linears with one reason make one row; the modules are counted."""
+    from mtpconv.quantconfig.stock_view import ModuleKind, StockRow, StockView, ViewOf
+
+    rows = [StockRow(f"mtp.layers.{i}.mlp.down_proj", ModuleKind.DENSE, "FP8", "dense") for i in range(5)]
+    rows += [StockRow("mtp.layers.0.mlp.experts.down_proj", ModuleKind.EXPERTS, "FP8_PB_WO", "blocks", 8)]
+    rows += [StockRow("mtp.eh_proj", ModuleKind.PLAIN, "BF16", "nn.Linear")]
+    render._render_stock_view(StockView(ViewOf.SOURCE, "mixed", "reason", rows))
+    out = capsys.readouterr().out
+    assert "5 modules: mtp.layers.0.mlp.down_proj, ..." in out
+    assert "8 modules: mtp.layers.0.mlp.experts.down_proj" in out and "experts.down_proj, ..." not in out
+    assert "mtp.eh_proj" in out and "1 modules" not in out
+    assert "mtp.layers.4" not in out  # the full list is --json's
