@@ -45,6 +45,9 @@ class VllmNames(str, Enum):
 # Why a drafter linear stays BF16: vLLM gives it no quant method, so FP8 weights would not load.
 NN_LINEAR = "builds it as a plain nn.Linear (no FP8 possible)"
 NO_QUANT = "builds it with quant_config=None (fused with a BF16 weight; no FP8 possible)"
+ATTN_NO_QUANT = (
+    "builds the drafter's attention with quant_config=None (BF16 in its checkpoints; no FP8 possible)"
+)
 
 # Modules of a layer-indexed drafter that belong to the MTP step, not to its decoder block.
 STEP_MODULES = ("embed_tokens", "enorm", "hnorm", "eh_proj", "shared_head")
@@ -101,6 +104,7 @@ class Family:
 _MLA_FP8 = ("MLA q_a/q_b/kv_a/kv_b/o", "routed experts (blocks)", "shared experts")
 _DS_PLAIN = (("eh_proj", NN_LINEAR),)
 _DSA_PLAIN = (("eh_proj", NN_LINEAR), ("weights_proj", NO_QUANT), ("wk", NO_QUANT))
+_MLA_LEAVES = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "wq_b")
 
 # Detection order: the first row whose model_type / architecture matches, else the first
 # whose marker does. Rows are ordered so that a marker never steals another family's checkpoint.
@@ -160,6 +164,19 @@ FAMILIES: tuple[Family, ...] = (
         ships_nvfp4=True,
         fp8=_MLA_FP8,
         bf16=("indexer wq_b / k_norm", "shared_head"),
+    ),
+    Family(
+        "glm5_next",
+        ("Glm5NextMTPModel",),
+        _VLLM_PKG + "glm5next/common/mtp.py",
+        model_types=frozenset({"glm5_next", "glm5_next_text"}),
+        architectures=frozenset({"Glm5NextForCausalLM", "Glm5NextForConditionalGeneration"}),
+        # Glm5NextDecoderLayer(is_mtp_layer=True) builds its MLA attention (indexer included)
+        # with quant_config=None; only the MoE gets the quant config
+        plain=(*_DSA_PLAIN, *((leaf, ATTN_NO_QUANT) for leaf in _MLA_LEAVES)),
+        mla=True,
+        fp8=("routed experts (blocks)", "shared experts"),
+        bf16=("MLA attention and its indexer", "shared_head"),
     ),
     Family(
         "glm4_moe_lite",
@@ -272,7 +289,6 @@ UNSUPPORTED: dict[str, str] = {
     + _VLLM_PKG
     + "deepseek_v4/nvidia/mtp.py (mtp.{i}.* names, e_proj/h_proj ReplicatedLinear, hyper-connection "
     "and compressor tensors)",
-    "Glm5NextMTPModel": _TODO + _VLLM_PKG + "glm5next/common/mtp.py",
     "KimiK3MTPModel": _TODO + _VLLM_PKG + "kimi_k3/nvidia/mtp.py (eh_proj is a ReplicatedLinear)",
     "MiniMaxM3MTP": _TODO + _VLLM_PKG + "minimax_m3/nvidia/mtp.py (model.mtp.layers.*, num_mtp_modules)",
     "LongCatFlashMTPModel": _TODO + _VLLM + "longcat_flash_mtp.py (model.mtp.layers.0.*, enorm.m / hnorm.m)",

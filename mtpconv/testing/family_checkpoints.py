@@ -132,14 +132,16 @@ def _mla_config(model_type: str, arch: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _dsa(model_type: str, arch: str) -> Callable[[_Gen], tuple[Tensors, dict[str, Any]]]:
+def _dsa(model_type: str, arch: str, **extra: Any) -> Callable[[_Gen], tuple[Tensors, dict[str, Any]]]:
     def build(r: _Gen) -> tuple[Tensors, dict[str, Any]]:
         t: Tensors = {}
         _head(t, r)
         for i in range(LAYERS + 1):  # the last one is the MTP layer
             _deepseek_layer(t, f"model.layers.{i}.", r, indexer=True)
         _step_modules(t, f"model.layers.{LAYERS}.", r)
-        cfg = _mla_config(model_type, arch, index_n_heads=INDEX_HEADS, index_head_dim=INDEX_DIM, index_topk=8)
+        cfg = _mla_config(
+            model_type, arch, index_n_heads=INDEX_HEADS, index_head_dim=INDEX_DIM, index_topk=8, **extra
+        )
         return t, cfg
 
     return build
@@ -293,6 +295,7 @@ BUILDERS: dict[str, Callable[[_Gen], tuple[Tensors, dict[str, Any]]]] = {
     "nemotron_h": _nemotron_h,
     "deepseek_v32": _dsa("deepseek_v32", "DeepseekV32ForCausalLM"),
     "glm_moe_dsa": _dsa("glm_moe_dsa", "GlmMoeDsaForCausalLM"),
+    "glm5_next": _dsa("glm5_next_text", "Glm5NextForCausalLM", index_kpool=4),
     "glm4_moe_lite": _mla_family("glm4_moe_lite", "Glm4MoeLiteForCausalLM"),
     "kimi_k2": _mla_family("kimi_k2", "DeepseekV3ForCausalLM"),
     "mimo_v2": _mimo_v2,
