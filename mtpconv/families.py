@@ -219,6 +219,17 @@ FAMILIES: tuple[Family, ...] = (
         bf16=("shared_head",),
     ),
     Family(
+        "openpangu",
+        ("OpenPanguMTPModel",),
+        _VLLM + "openpangu_mtp.py",
+        model_types=frozenset({"pangu_ultra_moe", "pangu_ultra_moe_mtp"}),
+        architectures=frozenset({"PanguUltraMoEForCausalLM"}),
+        plain=_DS_PLAIN,
+        mla=True,
+        fp8=_MLA_FP8,
+        bf16=("shared_head",),
+    ),
+    Family(
         "step3p5",
         ("Step3p5MTP",),
         _VLLM + "step3p5_mtp.py",
@@ -283,23 +294,41 @@ BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 _TODO = (
     "not looked at yet (issue 14 covers families in the users' order): needs a row and a fixture read from "
 )
+_LOOKED = "read (issue 14), not supported yet: "
 # vLLM MTP architectures without a row, and why: the registry-walk test fails on any other.
 UNSUPPORTED: dict[str, str] = {
-    "DeepSeekV4MTPModel": _TODO
+    "DeepSeekV4MTPModel": _LOOKED
     + _VLLM_PKG
-    + "deepseek_v4/nvidia/mtp.py (mtp.{i}.* names, e_proj/h_proj ReplicatedLinear, hyper-connection "
-    "and compressor tensors)",
-    "KimiK3MTPModel": _TODO + _VLLM_PKG + "kimi_k3/nvidia/mtp.py (eh_proj is a ReplicatedLinear)",
-    "MiniMaxM3MTP": _TODO + _VLLM_PKG + "minimax_m3/nvidia/mtp.py (model.mtp.layers.*, num_mtp_modules)",
-    "LongCatFlashMTPModel": _TODO + _VLLM + "longcat_flash_mtp.py (model.mtp.layers.0.*, enorm.m / hnorm.m)",
+    + "deepseek_v4/nvidia/mtp.py stores the drafter as mtp.{i}.* with wq_a/wkv/wq_b/wo_a/wo_b attention "
+    "and w1/w2/w3 experts (mtpconv's linears are *_proj names), vLLM sees it as "
+    "model.layers.{N + i}.mtp_block.* with w1/w3 packed (no naming rule for that), and DeepSeek's releases "
+    "already store it FP8-block / MXFP4 under DeepseekV4FP8Config, which mtpconv reads as a variant",
+    "KimiK3MTPModel": _LOOKED
+    + _VLLM_PKG
+    + "kimi_k3/nvidia/mtp.py: its MLA packs q_a_proj + kv_a_proj_with_mqa + g_proj into "
+    "fused_qkv_a_g_proj, its latent MoE has w1/w2/w3 experts plus routed_expert_up/down_proj and "
+    "quant_config=None residual projections; mtpconv has no linear names or packing for these yet",
+    "MiniMaxM3MTP": _LOOKED
+    + _VLLM_PKG
+    + "minimax_m3/nvidia/mtp.py names the drafter model.layers.{i}.* (the checkpoint's "
+    "model.mtp.layers.{i}[.transformer_layer].* with mtp. dropped): the same names as the target's first "
+    "layers in the one quant config both read, so an FP8 declaration of the drafter would re-declare "
+    "target layer i; no per-module FP8 variant is possible",
+    "LongCatFlashMTPModel": _LOOKED
+    + _VLLM
+    + "longcat_flash_mtp.py: vLLM names the drafter's eh_proj plain 'eh_proj' and its block "
+    "model.layers.{2 * num_layers}.*, and the config has no layer-count key (one MTP layer is hard-coded); "
+    "rows have no naming rule nor fixed layer count for that yet",
+    "GlmOcrMTPModel": _LOOKED
+    + _VLLM
+    + "glm_ocr_mtp.py: the drafter is model.language_model.layers.{N}.* (a VLM prefix on a "
+    "layer-indexed drafter), which the after-target rows do not locate yet",
     "Dots3NoteMTPModel": _TODO + _VLLM_PKG + "dots3_note/nvidia/mtp.py",
     "BailingMoeV25MTPModel": _TODO + _VLLM + "bailing_moe_mtp.py",
     "BailingMoeV3MTPModel": _TODO + _VLLM + "bailing_moe_v3_mtp.py",
     "ErnieMTPModel": _TODO + _VLLM + "ernie_mtp.py (model.mtp_block.0.*, nn.Linear mtp_linear_proj)",
     "ExaoneMoeMTP": _TODO + _VLLM + "exaone_moe_mtp.py",
     "Exaone4_5_MTP": _TODO + _VLLM + "exaone4_5_mtp.py",
-    "GlmOcrMTPModel": _TODO + _VLLM + "glm_ocr_mtp.py",
-    "OpenPanguMTPModel": _TODO + _VLLM + "openpangu_mtp.py",
     "HYV3MTPModel": _TODO + _VLLM + "hy_v3_mtp.py",
     "HYV4MTPModel": _TODO + _VLLM_PKG + "hy_v4/nvidia/mtp.py",
     "InternS2MobiusMTP": _TODO + _VLLM + "interns2_mobius.py (a Qwen3_5MoeMTP subclass; no fixture yet)",

@@ -148,7 +148,8 @@ def _dsa(model_type: str, arch: str, **extra: Any) -> Callable[[_Gen], tuple[Ten
 
 
 def _mla_family(model_type: str, arch: str) -> Callable[[_Gen], tuple[Tensors, dict[str, Any]]]:
-    """GLM-4.7-Flash (glm4_moe_lite_mtp.py), Kimi-K2 (deepseek_mtp.py): MLA without an indexer."""
+    """GLM-4.7-Flash (glm4_moe_lite_mtp.py), Kimi-K2 (deepseek_mtp.py), openPangu-Ultra-MoE
+    (openpangu_mtp.py): MLA without an indexer."""
 
     def build(r: _Gen) -> tuple[Tensors, dict[str, Any]]:
         t: Tensors = {}
@@ -298,6 +299,7 @@ BUILDERS: dict[str, Callable[[_Gen], tuple[Tensors, dict[str, Any]]]] = {
     "glm5_next": _dsa("glm5_next_text", "Glm5NextForCausalLM", index_kpool=4),
     "glm4_moe_lite": _mla_family("glm4_moe_lite", "Glm4MoeLiteForCausalLM"),
     "kimi_k2": _mla_family("kimi_k2", "DeepseekV3ForCausalLM"),
+    "openpangu": _mla_family("pangu_ultra_moe", "PanguUltraMoEForCausalLM"),
     "mimo_v2": _mimo_v2,
     "step3p5": _step3p5,
 }
