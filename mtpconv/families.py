@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-_VLLM = "vllm/model_executor/models/"
-_VLLM_PKG = "vllm/models/"
+from mtpconv.unsupported_families import UNSUPPORTED as UNSUPPORTED  # re-exported: rows and reasons
+from mtpconv.unsupported_families import VLLM_MODELS, VLLM_PKG
+
+_VLLM, _VLLM_PKG = VLLM_MODELS, VLLM_PKG
 
 
 class DrafterAt(str, Enum):
@@ -37,6 +39,9 @@ class VllmNames(str, Enum):
     AS_STORED = "as_stored"  # the checkpoint name, a VLM prefix stripped
     MTP_LAYERS_AFTER_TARGET = "mtp_layers_after_target"  # MiMo: model.layers.{N + i}
     MTP_BLOCK = "mtp_block"  # model.layers.{k}.X -> model.layers.{k}.mtp_block.X (Step-3.5)
+    # model.mtp.layers.{i}[.transformer_layer].X -> model.layers.{start + i}.X, and the step's
+    # eh_proj -> plain ``eh_proj`` (LongCat-Flash builds it with prefix="eh_proj")
+    MTP_AFTER_TARGET_BARE_EH = "mtp_after_target_bare_eh"
 
     def __str__(self) -> str:
         return self.value
@@ -70,6 +75,9 @@ class Family:
     marker: str | None = None  # a tensor-name regex that identifies the family without its model_type
     config_marker: str | None = None  # a config key that identifies it likewise
     step_pattern_key: str | None = None  # config key whose length is the stored layers per MTP step
+    start_key: str = "num_hidden_layers"  # config key: vLLM's first MTP layer index (x start_factor)
+    start_factor: int = 1
+    fixed_layers: int | None = None  # MTP layers vLLM builds when no layer key is set
     mla: bool = False  # multi-head latent attention (the KV-cache trap of DESIGN §5)
     ships_nvfp4: bool = False  # NVFP4 releases exist (the fixtures cover them)
     draft_vocab: bool = False  # the plugin's truncated draft head supports it
@@ -230,6 +238,22 @@ FAMILIES: tuple[Family, ...] = (
         bf16=("shared_head",),
     ),
     Family(
+        "longcat_flash",
+        ("LongCatFlashMTPModel",),
+        _VLLM + "longcat_flash_mtp.py",
+        model_types=frozenset({"longcat_flash"}),
+        architectures=frozenset({"LongcatFlashForCausalLM"}),
+        layer_keys=(),
+        drafter_at=DrafterAt.MODEL_MTP,
+        vllm_names=VllmNames.MTP_AFTER_TARGET_BARE_EH,
+        # vLLM: mtp_start_layer_idx = num_layers * 2, num_mtp_layers = 1
+        start_key="num_layers",
+        start_factor=2,
+        fixed_layers=1,
+        mla=True,
+        fp8=("eh_proj (ReplicatedLinear)", "MLA q_a/q_b/kv_a/kv_b/o", "dense MLP"),
+    ),
+    Family(
         "step3p5",
         ("Step3p5MTP",),
         _VLLM + "step3p5_mtp.py",
@@ -291,54 +315,6 @@ FAMILIES: tuple[Family, ...] = (
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
-_TODO = (
-    "not looked at yet (issue 14 covers families in the users' order): needs a row and a fixture read from "
-)
-_LOOKED = "read (issue 14), not supported yet: "
-# vLLM MTP architectures without a row, and why: the registry-walk test fails on any other.
-UNSUPPORTED: dict[str, str] = {
-    "DeepSeekV4MTPModel": _LOOKED
-    + _VLLM_PKG
-    + "deepseek_v4/nvidia/mtp.py stores the drafter as mtp.{i}.* with wq_a/wkv/wq_b/wo_a/wo_b attention "
-    "and w1/w2/w3 experts (mtpconv's linears are *_proj names), vLLM sees it as "
-    "model.layers.{N + i}.mtp_block.* with w1/w3 packed (no naming rule for that), and DeepSeek's releases "
-    "already store it FP8-block / MXFP4 under DeepseekV4FP8Config, which mtpconv reads as a variant",
-    "KimiK3MTPModel": _LOOKED
-    + _VLLM_PKG
-    + "kimi_k3/nvidia/mtp.py: its MLA packs q_a_proj + kv_a_proj_with_mqa + g_proj into "
-    "fused_qkv_a_g_proj, its latent MoE has w1/w2/w3 experts plus routed_expert_up/down_proj and "
-    "quant_config=None residual projections; mtpconv has no linear names or packing for these yet",
-    "MiniMaxM3MTP": _LOOKED
-    + _VLLM_PKG
-    + "minimax_m3/nvidia/mtp.py names the drafter model.layers.{i}.* (the checkpoint's "
-    "model.mtp.layers.{i}[.transformer_layer].* with mtp. dropped): the same names as the target's first "
-    "layers in the one quant config both read, so an FP8 declaration of the drafter would re-declare "
-    "target layer i; no per-module FP8 variant is possible",
-    "LongCatFlashMTPModel": _LOOKED
-    + _VLLM
-    + "longcat_flash_mtp.py: vLLM names the drafter's eh_proj plain 'eh_proj' and its block "
-    "model.layers.{2 * num_layers}.*, and the config has no layer-count key (one MTP layer is hard-coded); "
-    "rows have no naming rule nor fixed layer count for that yet",
-    "GlmOcrMTPModel": _LOOKED
-    + _VLLM
-    + "glm_ocr_mtp.py: the drafter is model.language_model.layers.{N}.* (a VLM prefix on a "
-    "layer-indexed drafter), which the after-target rows do not locate yet",
-    "Dots3NoteMTPModel": _TODO + _VLLM_PKG + "dots3_note/nvidia/mtp.py",
-    "BailingMoeV25MTPModel": _TODO + _VLLM + "bailing_moe_mtp.py",
-    "BailingMoeV3MTPModel": _TODO + _VLLM + "bailing_moe_v3_mtp.py",
-    "ErnieMTPModel": _TODO + _VLLM + "ernie_mtp.py (model.mtp_block.0.*, nn.Linear mtp_linear_proj)",
-    "ExaoneMoeMTP": _TODO + _VLLM + "exaone_moe_mtp.py",
-    "Exaone4_5_MTP": _TODO + _VLLM + "exaone4_5_mtp.py",
-    "HYV3MTPModel": _TODO + _VLLM + "hy_v3_mtp.py",
-    "HYV4MTPModel": _TODO + _VLLM_PKG + "hy_v4/nvidia/mtp.py",
-    "InternS2MobiusMTP": _TODO + _VLLM + "interns2_mobius.py (a Qwen3_5MoeMTP subclass; no fixture yet)",
-    "InklingMTPModel": "its MTP weights ship in a separate mtp.safetensors loaded as an EAGLE-style "
-    "draft (" + _VLLM_PKG + "inkling/nvidia/mtp.py), not as layers of the target checkpoint",
-    "Gemma4MTPModel": "the drafter is a separate assistant checkpoint (gemma4_assistant, "
-    + _VLLM
-    + "gemma4_mtp.py), not MTP layers of the target: there is no drafter inside the target to convert",
-}
-
 
 def readme_table() -> str:
     """The README's table of families: what each variant stores FP8 and what stays BF16."""
@@ -363,6 +339,15 @@ LAYER_KEYS: tuple[str, ...] = tuple(
         [k for f in FAMILIES for k in f.layer_keys] + ["num_mtp_layers", "num_mtp_modules", "mtp_num_layers"]
     )
 )
+
+
+def mtp_start_layer(name: str, tcfg: Mapping[str, Any]) -> int | None:
+    """The layer index vLLM gives the family's first MTP layer (``num_hidden_layers`` unless
+    the row says otherwise); None when the config lacks the key."""
+    row = BY_NAME.get(name)
+    key, factor = (row.start_key, row.start_factor) if row is not None else ("num_hidden_layers", 1)
+    value = tcfg.get(key)
+    return value * factor if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def family(name: str) -> Family | None:

@@ -267,6 +267,8 @@ def detect_layout(
         declared = None
     else:
         declared = _int(tcfg, *row.layer_keys)
+        if declared is None:  # a family whose vLLM class builds a fixed number of MTP layers
+            declared = row.fixed_layers
         prefixes = _prefixes(row, names, n_layers, declared)
     drafter = [n for n in names if n.startswith(prefixes)] if prefixes else []
     linears, kept = _split_plain(row, _drafter_linears(drafter, tensors))

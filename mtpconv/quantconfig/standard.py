@@ -29,7 +29,7 @@ from typing import Any
 from mtpconv import __version__
 from mtpconv.checkpoint.safetensors_io import TensorInfo
 from mtpconv.errors import QuantConfigError
-from mtpconv.families import STEP_MODULES, VllmNames
+from mtpconv.families import STEP_MODULES, VllmNames, mtp_start_layer
 from mtpconv.families import family as family_row
 from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.layouts import Linear, MtpLayout, linear_modules, module_of, text_config
@@ -89,13 +89,20 @@ def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
 
     Qwen MTP classes strip a VLM prefix (``mtp.…``); MiMo builds its MTP block with the
     prefix ``model.layers.{N+i}`` while the checkpoint says ``model.mtp_layers.{i}``; Step-3.5
-    puts the decoder block under ``model.layers.{k}.mtp_block``.
+    puts the decoder block under ``model.layers.{k}.mtp_block``; LongCat-Flash names its
+    ``model.mtp.layers.{i}`` block ``model.layers.{2 * num_layers + i}`` and its eh_proj ``eh_proj``
+    (``num_layers``: `families.mtp_start_layer`).
     """
     row = family_row(family)
     naming = row.vllm_names if row is not None else VllmNames.AS_STORED
     if naming is VllmNames.MTP_LAYERS_AFTER_TARGET and module.startswith("model.mtp_layers.") and num_layers:
         idx, _, rest = module[len("model.mtp_layers.") :].partition(".")
         return f"model.layers.{num_layers + int(idx)}.{rest}"
+    if naming is VllmNames.MTP_AFTER_TARGET_BARE_EH and module.startswith("model.mtp.layers.") and num_layers:
+        idx, _, rest = module[len("model.mtp.layers.") :].partition(".")
+        if rest == "eh_proj":
+            return rest
+        return f"model.layers.{num_layers + int(idx)}.{rest.removeprefix('transformer_layer.')}"
     if naming is VllmNames.MTP_BLOCK and module.startswith("model.layers."):
         idx, _, rest = module[len("model.layers.") :].partition(".")
         if not rest.startswith(STEP_MODULES):
@@ -178,7 +185,7 @@ def declare_drafter(
         target_linears=[m for m in linear_modules(tensors) if m not in drafter],
         all_modules={module_of(n) for n in tensors} | drafter,
         family=layout.family,
-        num_layers=tcfg.get("num_hidden_layers"),
+        num_layers=mtp_start_layer(layout.family, tcfg),
         mla="kv_lora_rank" in tcfg,
     )
 

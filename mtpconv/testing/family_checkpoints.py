@@ -303,6 +303,10 @@ BUILDERS: dict[str, Callable[[_Gen], tuple[Tensors, dict[str, Any]]]] = {
     "mimo_v2": _mimo_v2,
     "step3p5": _step3p5,
 }
+# Builders of later families live in family_builders_more (it reads the helpers above).
+from mtpconv.testing.family_builders_more import MORE_BUILDERS, MORE_DRAFTER_PREFIXES  # noqa: E402
+
+BUILDERS.update(MORE_BUILDERS)
 # What is NVFP4 in these fixtures: 2-D ``*_proj`` linears, never the indexer (BF16 in
 # NVIDIA's exports) nor the plain-nn.Linear ``eh_proj``.
 _NVFP4_SKIP = (".indexer.", ".eh_proj.", "embed", "lm_head", "shared_head")
@@ -316,7 +320,8 @@ _FAMILY_EXCLUDES = {
 
 def drafter_prefix(family: str) -> str:
     """Where the fixture's drafter tensors start (for exclusions and for tests)."""
-    return {"nemotron_h": "mtp.", "mimo_v2": "model.mtp."}.get(family, f"model.layers.{LAYERS}.")
+    prefixes = {"nemotron_h": "mtp.", "mimo_v2": "model.mtp.", **MORE_DRAFTER_PREFIXES}
+    return prefixes.get(family, f"model.layers.{LAYERS}.")
 
 
 def _nvfp4_ok(name: str, w: torch.Tensor) -> bool:

@@ -1,0 +1,50 @@
+"""More tiny family checkpoints (issue 14), with the names the cited vLLM files load.
+
+`family_checkpoints.BUILDERS` includes these; they are split out to keep each module small.
+LongCat-Flash (longcat_flash.py / longcat_flash_mtp.py): a target of paired sub-layers
+(``self_attn.{0,1}``, ``mlps.{0,1}``) and one ``model.mtp.*`` MTP layer whose MLA attention
+sits at ``model.mtp.layers.0.self_attn.*`` and dense MLP at ``…transformer_layer.mlp.*``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mtpconv.testing import family_checkpoints as fc
+
+
+def longcat_flash(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
+    """LongCat-Flash: ``num_layers`` paired target layers, then the ``model.mtp`` layer."""
+    t: fc.Tensors = {}
+    fc._head(t, r)
+    for i in range(fc.LAYERS):
+        p = f"model.layers.{i}."
+        for k in range(2):
+            t[f"{p}input_layernorm.{k}.weight"] = r.ones(fc.H)
+            t[f"{p}post_attention_layernorm.{k}.weight"] = r.ones(fc.H)
+            fc._mla(t, f"{p}self_attn.{k}.", r, indexer=False)
+            fc._mlp(t, f"{p}mlps.{k}.", r)
+        t[f"{p}mlp.router.classifier.weight"] = r.w(fc.EXPERTS, fc.H)
+        t[f"{p}mlp.router.e_score_correction_bias"] = torch.zeros(fc.EXPERTS, dtype=torch.float32)
+        for e in range(fc.EXPERTS):
+            fc._mlp(t, f"{p}mlp.experts.{e}.", r)
+    t["model.mtp.embed_tokens.weight"] = r.w(fc.VOCAB, fc.H, scale=1)
+    t["model.mtp.norm.weight"] = r.ones(fc.H)
+    p = "model.mtp.layers.0."
+    t[f"{p}eh_proj.weight"] = r.w(fc.H, 2 * fc.H)
+    t[f"{p}enorm.m.weight"] = r.ones(fc.H)
+    t[f"{p}hnorm.m.weight"] = r.ones(fc.H)
+    t[f"{p}input_layernorm.weight"] = r.ones(fc.H)
+    t[f"{p}post_attention_layernorm.weight"] = r.ones(fc.H)
+    fc._mla(t, f"{p}self_attn.", r, indexer=False)
+    fc._mlp(t, f"{p}transformer_layer.mlp.", r)
+    cfg = fc._mla_config("longcat_flash", "LongcatFlashForCausalLM", num_layers=fc.LAYERS)
+    del cfg["num_hidden_layers"], cfg["num_nextn_predict_layers"]  # LongCat's config has neither
+    cfg.update(ffn_hidden_size=fc.INTER, expert_ffn_hidden_size=fc.INTER, moe_topk=2, zero_expert_num=0)
+    return t, cfg
+
+
+MORE_BUILDERS = {"longcat_flash": longcat_flash}
+MORE_DRAFTER_PREFIXES = {"longcat_flash": "model.mtp."}
