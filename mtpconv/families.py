@@ -254,6 +254,19 @@ FAMILIES: tuple[Family, ...] = (
         fp8=("eh_proj (ReplicatedLinear)", "MLA q_a/q_b/kv_a/kv_b/o", "dense MLP"),
     ),
     Family(
+        "dots3_note",
+        ("Dots3NoteMTPModel",),
+        _VLLM_PKG + "dots3_note/nvidia/mtp.py",
+        model_types=frozenset({"dots3_note", "dots3_note_mtp"}),
+        architectures=frozenset({"Dots3NoteForCausalLM"}),
+        # eh_proj is a quantizable ReplicatedLinear here; a full-attention MTP layer's
+        # indexer fuses wk + weights_proj without a quant method (DeepSeek-V3.2's)
+        plain=_DSA_PLAIN[1:],
+        mla=True,
+        fp8=("eh_proj (ReplicatedLinear)", "MLA q_a/q_b/kv_a/kv_b/o and g_proj", "dense MLP"),
+        bf16=("shared_head", "model.mtp.embed_tokens"),
+    ),
+    Family(
         "step3p5",
         ("Step3p5MTP",),
         _VLLM + "step3p5_mtp.py",

@@ -3,7 +3,8 @@
 `family_checkpoints.BUILDERS` includes these; they are split out to keep each module small.
 LongCat-Flash (longcat_flash.py / longcat_flash_mtp.py): a target of paired sub-layers
 (``self_attn.{0,1}``, ``mlps.{0,1}``) and one ``model.mtp.*`` MTP layer whose MLA attention
-sits at ``model.mtp.layers.0.self_attn.*`` and dense MLP at ``…transformer_layer.mlp.*``.
+sits at ``model.mtp.layers.0.self_attn.*`` and dense MLP at ``…transformer_layer.mlp.*``;
+Dots3-NOTE's gated-MLA DeepSeek-style layers.
 """
 
 from __future__ import annotations
@@ -46,5 +47,35 @@ def longcat_flash(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
     return t, cfg
 
 
-MORE_BUILDERS = {"longcat_flash": longcat_flash}
+def dots3_note(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
+    """dots3_note/nvidia/model.py / mtp.py: gated (``g_proj``) MLA layers, MoE in the target,
+    a dense MLP in the MTP layer at ``model.layers.{num_hidden_layers}`` (sliding attention,
+    vLLM's default ``mtp_layer_types``), its own ``model.mtp.embed_tokens``."""
+    t: fc.Tensors = {}
+    fc._head(t, r)
+    for i in range(fc.LAYERS + 1):
+        p = f"model.layers.{i}."
+        fc._deepseek_layer(t, p, r, indexer=i == 0, moe=i < fc.LAYERS)
+        t[f"{p}self_attn.g_proj.weight"] = r.w(fc.HEADS, fc.H)
+    fc._step_modules(t, f"model.layers.{fc.LAYERS}.", r, head=False)
+    t[f"model.layers.{fc.LAYERS}.shared_head.norm.weight"] = r.ones(fc.H)
+    t["model.mtp.embed_tokens.weight"] = r.w(fc.VOCAB, fc.H, scale=1)
+    cfg = fc._mla_config("dots3_note", "Dots3NoteForCausalLM", index_n_heads=fc.INDEX_HEADS)
+    cfg.update(
+        layer_types=["full_attention"] + ["sliding_attention"] * (fc.LAYERS - 1),
+        attention_gate_type="headwise",
+        swa_attention_gate_type="headwise",
+        index_head_dim=fc.INDEX_DIM,
+        index_topk=8,
+        **{
+            f"swa_{k}": cfg[k]
+            for k in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim")
+        },
+        swa_v_head_dim=fc.V_DIM,
+        swa_num_attention_heads=fc.HEADS,
+    )
+    return t, cfg
+
+
+MORE_BUILDERS = {"longcat_flash": longcat_flash, "dots3_note": dots3_note}
 MORE_DRAFTER_PREFIXES = {"longcat_flash": "model.mtp."}
