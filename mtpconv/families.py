@@ -42,6 +42,7 @@ class VllmNames(str, Enum):
     # model.mtp.layers.{i}[.transformer_layer].X -> model.layers.{start + i}.X, and the step's
     # eh_proj -> plain ``eh_proj`` (LongCat-Flash builds it with prefix="eh_proj")
     MTP_AFTER_TARGET_BARE_EH = "mtp_after_target_bare_eh"
+    ATTENTION_AS_SELF_ATTN = "attention_as_self_attn"  # X.attention.Y -> X.self_attn.Y (Bailing-V3)
 
     def __str__(self) -> str:
         return self.value
@@ -265,6 +266,33 @@ FAMILIES: tuple[Family, ...] = (
         mla=True,
         fp8=("eh_proj (ReplicatedLinear)", "MLA q_a/q_b/kv_a/kv_b/o and g_proj", "dense MLP"),
         bf16=("shared_head", "model.mtp.embed_tokens"),
+    ),
+    Family(
+        "bailing_moe_v3",
+        ("BailingMoeV3MTPModel",),
+        _VLLM + "bailing_moe_v3_mtp.py",
+        # model_type "bailing_hybrid" is V2.5's too: V3 is told by its architecture
+        architectures=frozenset({"BailingMoeV3ForCausalLM"}),
+        vllm_names=VllmNames.ATTENTION_AS_SELF_ATTN,
+        mla=True,
+        fp8=(
+            "eh_proj (ReplicatedLinear)",
+            "MLA q_a/q_b/kv_a/kv_b, g_proj, dense",
+            "routed experts (blocks)",
+            "shared experts",
+        ),
+        bf16=("shared_head",),
+    ),
+    Family(
+        "bailing_moe_v2_5",
+        ("BailingMoeV25MTPModel",),
+        _VLLM + "bailing_moe_mtp.py",
+        model_types=frozenset({"bailing_hybrid"}),
+        architectures=frozenset({"BailingMoeV2_5ForCausalLM"}),
+        plain=_DS_PLAIN,
+        mla=True,
+        fp8=_MLA_FP8,
+        bf16=("shared_head",),
     ),
     Family(
         "step3p5",

@@ -28,7 +28,8 @@ _NEVER_QUANTIZED = frozenset(
 )
 _NOT_LINEAR = _NEVER_QUANTIZED | {"head", "lm_head", "draft_lm_head"}
 # ``kv_a_proj_with_mqa``: MLA, fused with ``q_a_proj`` in vLLM (both FP8 or neither)
-_LINEAR_NAME = re.compile(r"(_proj|_proj_with_mqa|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_proj)$")
+# ``dense``: Bailing-V3's attention output projection
+_LINEAR_NAME = re.compile(r"(_proj|_proj_with_mqa|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_proj|^dense)$")
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
 _LAYER_RE = {
     DrafterAt.MTP: re.compile(r"mtp\.layers\.(\d+)\."),

@@ -91,7 +91,7 @@ def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
     prefix ``model.layers.{N+i}`` while the checkpoint says ``model.mtp_layers.{i}``; Step-3.5
     puts the decoder block under ``model.layers.{k}.mtp_block``; LongCat-Flash names its
     ``model.mtp.layers.{i}`` block ``model.layers.{2 * num_layers + i}`` and its eh_proj ``eh_proj``
-    (``num_layers``: `families.mtp_start_layer`).
+    (``num_layers``: `families.mtp_start_layer`); Bailing-V3 renames ``attention`` to ``self_attn``.
     """
     row = family_row(family)
     naming = row.vllm_names if row is not None else VllmNames.AS_STORED
@@ -103,6 +103,8 @@ def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
         if rest == "eh_proj":
             return rest
         return f"model.layers.{num_layers + int(idx)}.{rest.removeprefix('transformer_layer.')}"
+    if naming is VllmNames.ATTENTION_AS_SELF_ATTN:
+        return drafter_name(module).replace(".attention.", ".self_attn.")
     if naming is VllmNames.MTP_BLOCK and module.startswith("model.layers."):
         idx, _, rest = module[len("model.layers.") :].partition(".")
         if not rest.startswith(STEP_MODULES):

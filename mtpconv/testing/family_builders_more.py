@@ -4,7 +4,7 @@
 LongCat-Flash (longcat_flash.py / longcat_flash_mtp.py): a target of paired sub-layers
 (``self_attn.{0,1}``, ``mlps.{0,1}``) and one ``model.mtp.*`` MTP layer whose MLA attention
 sits at ``model.mtp.layers.0.self_attn.*`` and dense MLP at ``…transformer_layer.mlp.*``;
-Dots3-NOTE's gated-MLA DeepSeek-style layers.
+Dots3-NOTE's gated-MLA DeepSeek-style layers; Bailing-MoE-V3's ``attention.*`` MLA.
 """
 
 from __future__ import annotations
@@ -77,5 +77,37 @@ def dots3_note(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
     return t, cfg
 
 
-MORE_BUILDERS = {"longcat_flash": longcat_flash, "dots3_note": dots3_note}
+def _bailing_v3_layer(t: fc.Tensors, p: str, r: fc._Gen) -> None:
+    """bailing_moe_v3.py's MLA under ``attention.`` (its hf_to_vllm_mapper renames it
+    ``self_attn.``), a head-wise ``g_proj``, the output ``dense``, and the MoE."""
+    t[f"{p}input_layernorm.weight"] = r.ones(fc.H)
+    t[f"{p}post_attention_layernorm.weight"] = r.ones(fc.H)
+    a = f"{p}attention."
+    fc._mla(t, a, r, indexer=False)
+    t[f"{a}dense.weight"] = t.pop(f"{a}o_proj.weight")
+    t[f"{a}g_proj.weight"] = r.w(fc.HEADS, fc.H)
+    fc._deepseek_moe(t, f"{p}mlp.", r)
+
+
+def bailing_moe_v3(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
+    """Bailing-MoE-V3 (bailing_moe_v3_mtp.py): the MTP layer at ``model.layers.{N}`` with a
+    quantizable eh_proj and ``final_layernorm``."""
+    t: fc.Tensors = {}
+    fc._head(t, r)
+    for i in range(fc.LAYERS + 1):
+        _bailing_v3_layer(t, f"model.layers.{i}.", r)
+    fc._step_modules(t, f"model.layers.{fc.LAYERS}.", r)
+    t[f"model.layers.{fc.LAYERS}.final_layernorm.weight"] = r.ones(fc.H)
+    cfg = fc._mla_config("bailing_hybrid", "BailingMoeV3ForCausalLM", num_experts=fc.EXPERTS)
+    cfg.update(gated_attention_proj_granularity_type="head_wise", num_shared_experts=1)
+    return t, cfg
+
+
+MORE_BUILDERS = {
+    "longcat_flash": longcat_flash,
+    "dots3_note": dots3_note,
+    "bailing_moe_v3": bailing_moe_v3,
+    # bailing_moe_mtp.py: DeepSeek-style MLA + MoE, nn.Linear eh_proj
+    "bailing_moe_v2_5": fc._mla_family("bailing_hybrid", "BailingMoeV2_5ForCausalLM"),
+}
 MORE_DRAFTER_PREFIXES = {"longcat_flash": "model.mtp."}
