@@ -28,6 +28,8 @@ class DrafterAt(str, Enum):
     MODEL_MTP = "model_mtp"  # ``model.mtp.*``: MiMo-V2
     AFTER_TARGET = "after_target"  # ``model.layers.{num_hidden_layers + i}.*``: DeepSeek style
     MTP_LAYERS = "mtp_layers"  # ``model.mtp_layers.{i}.*``: MiMo
+    # ``model.mtp_block.{i}.*`` + ``model.mtp_{emb_norm,hidden_norm,linear_proj}.{i}.*``: ERNIE-4.5
+    MTP_PARTS = "mtp_parts"
 
     def __str__(self) -> str:
         return self.value
@@ -42,6 +44,8 @@ class VllmNames(str, Enum):
     # model.mtp.layers.{i}[.transformer_layer].X -> model.layers.{start + i}.X, and the step's
     # eh_proj -> plain ``eh_proj`` (LongCat-Flash builds it with prefix="eh_proj")
     MTP_AFTER_TARGET_BARE_EH = "mtp_after_target_bare_eh"
+    # model.mtp_block.{i}.X -> model.layers.{N + i}.X, model.mtp_P.{i} -> model.layers.{N + i}.mtp_P
+    MTP_PARTS_AFTER_TARGET = "mtp_parts_after_target"  # ERNIE-4.5's hf_to_vllm_mapper
     ATTENTION_AS_SELF_ATTN = "attention_as_self_attn"  # X.attention.Y -> X.self_attn.Y (Bailing-V3)
 
     def __str__(self) -> str:
@@ -293,6 +297,17 @@ FAMILIES: tuple[Family, ...] = (
         mla=True,
         fp8=_MLA_FP8,
         bf16=("shared_head",),
+    ),
+    Family(
+        "ernie4_5_moe",
+        ("ErnieMTPModel",),
+        _VLLM + "ernie_mtp.py",
+        model_types=frozenset({"ernie4_5_moe", "ernie_mtp"}),
+        drafter_at=DrafterAt.MTP_PARTS,
+        vllm_names=VllmNames.MTP_PARTS_AFTER_TARGET,
+        # mtp_block is a LlamaDecoderLayer: dense attention and MLP, all quantizable
+        fp8=("attention q/k/v/o", "dense MLP"),
+        bf16=("mtp_linear_proj.{i} (vLLM nn.Linear)",),
     ),
     Family(
         "step3p5",

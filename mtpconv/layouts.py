@@ -36,6 +36,7 @@ _LAYER_RE = {
     DrafterAt.MODEL_MTP: re.compile(r"model\.mtp\.layers\.(\d+)\."),
     DrafterAt.AFTER_TARGET: re.compile(r"model\.layers\.(\d+)\."),
     DrafterAt.MTP_LAYERS: re.compile(r"model\.mtp_layers\.(\d+)\."),
+    DrafterAt.MTP_PARTS: re.compile(r"model\.mtp_block\.(\d+)\."),
 }
 # Tensor names that look like a drafter's, for the error on a family no row matches.
 _CANDIDATE = re.compile(r"(^|\.)(mtp|mtp_layers|nextn|eh_proj|enorm|hnorm|shared_head)(\.|$)")
@@ -298,6 +299,8 @@ def _prefixes(row: Family, names: list[str], n_layers: int | None, declared: int
         return ("model.mtp_layers.",)
     if row.drafter_at is DrafterAt.MODEL_MTP:
         return ("model.mtp.",)
+    if row.drafter_at is DrafterAt.MTP_PARTS:
+        return tuple(f"model.mtp_{part}." for part in ("block", "emb_norm", "hidden_norm", "linear_proj"))
     if row.drafter_at is DrafterAt.MTP:
         mtp_names = [n for n in names if strip_text_prefix(n)[1].startswith("mtp.")]
         return (f"{strip_text_prefix(mtp_names[0])[0] if mtp_names else ''}mtp.",)

@@ -21,6 +21,7 @@ and non-ModelOpt quant methods.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -84,6 +85,9 @@ def drafter_algorithm(linear: Linear) -> str:
     return EXPERT_ALGO if linear.scale_layout is ScaleLayout.BLOCK_128 else DENSE_ALGO
 
 
+_MTP_PARTS = re.compile(r"model\.mtp_(block|emb_norm|hidden_norm|linear_proj)\.(\d+)(?:\.(.*))?$")
+
+
 def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
     """The name vLLM's quant config sees for a drafter module (the family row's `VllmNames`).
 
@@ -91,7 +95,8 @@ def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
     prefix ``model.layers.{N+i}`` while the checkpoint says ``model.mtp_layers.{i}``; Step-3.5
     puts the decoder block under ``model.layers.{k}.mtp_block``; LongCat-Flash names its
     ``model.mtp.layers.{i}`` block ``model.layers.{2 * num_layers + i}`` and its eh_proj ``eh_proj``
-    (``num_layers``: `families.mtp_start_layer`); Bailing-V3 renames ``attention`` to ``self_attn``.
+    (``num_layers``: `families.mtp_start_layer`); Bailing-V3 renames ``attention`` to ``self_attn``;
+    ERNIE-4.5 maps ``model.mtp_block.{i}`` to ``model.layers.{N + i}``.
     """
     row = family_row(family)
     naming = row.vllm_names if row is not None else VllmNames.AS_STORED
@@ -103,6 +108,11 @@ def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
         if rest == "eh_proj":
             return rest
         return f"model.layers.{num_layers + int(idx)}.{rest.removeprefix('transformer_layer.')}"
+    parts = _MTP_PARTS.match(module)
+    if naming is VllmNames.MTP_PARTS_AFTER_TARGET and parts and num_layers:
+        part, idx, rest = parts.groups()
+        layer = f"model.layers.{num_layers + int(idx)}"
+        return f"{layer}.{rest}" if part == "block" else f"{layer}.mtp_{part}{'.' + rest if rest else ''}"
     if naming is VllmNames.ATTENTION_AS_SELF_ATTN:
         return drafter_name(module).replace(".attention.", ".self_attn.")
     if naming is VllmNames.MTP_BLOCK and module.startswith("model.layers."):

@@ -103,11 +103,53 @@ def bailing_moe_v3(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
     return t, cfg
 
 
+def ernie4_5_moe(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
+    """ERNIE-4.5-MoE (ernie_mtp.py): ``model.mtp_block.0.*`` (a Llama decoder layer) and the
+    ``model.mtp_{emb_norm,hidden_norm,linear_proj}.0`` step tensors."""
+    t: fc.Tensors = {}
+    fc._head(t, r)
+    for i in range(fc.LAYERS):
+        p = f"model.layers.{i}."
+        t[f"{p}input_layernorm.weight"] = r.ones(fc.H)
+        t[f"{p}post_attention_layernorm.weight"] = r.ones(fc.H)
+        fc._mha(t, f"{p}self_attn.", r)
+        t[f"{p}mlp.gate.weight"] = r.w(fc.EXPERTS, fc.H)
+        for e in range(fc.EXPERTS):
+            fc._mlp(t, f"{p}mlp.experts.{e}.", r)
+    t["model.mtp_emb_norm.0.weight"] = r.ones(fc.H)
+    t["model.mtp_hidden_norm.0.weight"] = r.ones(fc.H)
+    t["model.mtp_linear_proj.0.weight"] = r.w(fc.H, 2 * fc.H)
+    p = "model.mtp_block.0."
+    t[f"{p}input_layernorm.weight"] = r.ones(fc.H)
+    t[f"{p}post_attention_layernorm.weight"] = r.ones(fc.H)
+    fc._mha(t, f"{p}self_attn.", r)
+    fc._mlp(t, f"{p}mlp.", r)
+    cfg = {
+        "architectures": ["Ernie4_5_MoeForCausalLM"],
+        "model_type": "ernie4_5_moe",
+        "hidden_size": fc.H,
+        "intermediate_size": fc.INTER,
+        "moe_intermediate_size": fc.INTER,
+        "num_hidden_layers": fc.LAYERS,
+        "num_attention_heads": fc.HEADS,
+        "num_key_value_heads": 1,
+        "head_dim": fc.HEAD_DIM,
+        "moe_num_experts": fc.EXPERTS,
+        "moe_k": 2,
+        "num_nextn_predict_layers": 1,
+        "vocab_size": fc.VOCAB,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    }
+    return t, cfg
+
+
 MORE_BUILDERS = {
     "longcat_flash": longcat_flash,
     "dots3_note": dots3_note,
     "bailing_moe_v3": bailing_moe_v3,
+    "ernie4_5_moe": ernie4_5_moe,
     # bailing_moe_mtp.py: DeepSeek-style MLA + MoE, nn.Linear eh_proj
     "bailing_moe_v2_5": fc._mla_family("bailing_hybrid", "BailingMoeV2_5ForCausalLM"),
 }
-MORE_DRAFTER_PREFIXES = {"longcat_flash": "model.mtp."}
+MORE_DRAFTER_PREFIXES = {"longcat_flash": "model.mtp.", "ernie4_5_moe": "model.mtp_"}
