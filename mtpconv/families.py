@@ -310,6 +310,24 @@ FAMILIES: tuple[Family, ...] = (
         bf16=("mtp_linear_proj.{i} (vLLM nn.Linear)",),
     ),
     Family(
+        "exaone_moe",
+        ("ExaoneMoeMTP",),
+        _VLLM + "exaone_moe_mtp.py",
+        model_types=frozenset({"exaone_moe", "exaone_moe_mtp"}),
+        drafter_at=DrafterAt.MTP,
+        # the MTP decoder layer is built with is_mtp=True: a dense gated MLP
+        fp8=("fc (ColumnParallelLinear)", "attention q/k/v/o", "dense MLP"),
+    ),
+    Family(
+        "exaone4_5",
+        ("Exaone4_5_MTP",),
+        _VLLM + "exaone4_5_mtp.py",
+        model_types=frozenset({"exaone4_5", "exaone4_5_mtp"}),
+        drafter_at=DrafterAt.MTP,
+        fixed_layers=1,  # getattr(config, "num_nextn_predict_layers", 1)
+        fp8=("fc (ColumnParallelLinear)", "attention q/k/v/o", "dense MLP"),
+    ),
+    Family(
         "step3p5",
         ("Step3p5MTP",),
         _VLLM + "step3p5_mtp.py",

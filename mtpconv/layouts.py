@@ -269,6 +269,8 @@ def detect_layout(
         declared = None
     else:
         declared = _int(tcfg, *row.layer_keys)
+        if declared is None:  # a VLM's MTP class may read the key from the top level (Exaone-4.5)
+            declared = _int(config, *row.layer_keys)
         if declared is None:  # a family whose vLLM class builds a fixed number of MTP layers
             declared = row.fixed_layers
         prefixes = _prefixes(row, names, n_layers, declared)

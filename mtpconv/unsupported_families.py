@@ -37,8 +37,6 @@ UNSUPPORTED: dict[str, str] = {
     + _VLLM
     + "glm_ocr_mtp.py: the drafter is model.language_model.layers.{N}.* (a VLM prefix on a "
     "layer-indexed drafter), which the after-target rows do not locate yet",
-    "ExaoneMoeMTP": _TODO + _VLLM + "exaone_moe_mtp.py",
-    "Exaone4_5_MTP": _TODO + _VLLM + "exaone4_5_mtp.py",
     "HYV3MTPModel": _TODO + _VLLM + "hy_v3_mtp.py",
     "HYV4MTPModel": _TODO + _VLLM_PKG + "hy_v4/nvidia/mtp.py",
     "InternS2MobiusMTP": _TODO + _VLLM + "interns2_mobius.py (a Qwen3_5MoeMTP subclass; no fixture yet)",

@@ -144,12 +144,95 @@ def ernie4_5_moe(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
     return t, cfg
 
 
+def _exaone_block(t: fc.Tensors, p: str, r: fc._Gen) -> None:
+    """An Exaone-4 style decoder layer: q/k norms, post-norms, a dense gated MLP."""
+    for n in ("post_attention_layernorm", "post_feedforward_layernorm"):
+        t[f"{p}{n}.weight"] = r.ones(fc.H)
+    fc._mha(t, f"{p}self_attn.", r)
+    t[f"{p}self_attn.q_norm.weight"] = r.ones(fc.HEAD_DIM)
+    t[f"{p}self_attn.k_norm.weight"] = r.ones(fc.HEAD_DIM)
+    fc._mlp(t, f"{p}mlp.", r)
+
+
+def _exaone_mtp(t: fc.Tensors, r: fc._Gen) -> None:
+    """The ``mtp.*`` drafter (exaone_moe_mtp.py / exaone4_5_mtp.py): fc, pre-fc norms, layers."""
+    t["mtp.fc.weight"] = r.w(fc.H, 2 * fc.H)
+    for n in ("norm", "pre_fc_norm_hidden", "pre_fc_norm_embedding"):
+        t[f"mtp.{n}.weight"] = r.ones(fc.H)
+    _exaone_block(t, "mtp.layers.0.", r)
+
+
+def _exaone_cfg(model_type: str, arch: str) -> dict[str, Any]:
+    return {
+        "architectures": [arch],
+        "model_type": model_type,
+        "hidden_size": fc.H,
+        "intermediate_size": fc.INTER,
+        "num_hidden_layers": fc.LAYERS,
+        "num_attention_heads": fc.HEADS,
+        "num_key_value_heads": 1,
+        "head_dim": fc.HEAD_DIM,
+        "vocab_size": fc.VOCAB,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    }
+
+
+def exaone_moe(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
+    """K-EXAONE (exaone_moe.py): MoE target layers, a dense ``mtp.layers.0``."""
+    t: fc.Tensors = {}
+    fc._head(t, r)
+    for i in range(fc.LAYERS):
+        p = f"model.layers.{i}."
+        fc._mha(t, f"{p}self_attn.", r)
+        t[f"{p}post_attention_layernorm.weight"] = r.ones(fc.H)
+        fc._deepseek_moe(t, f"{p}mlp.", r)
+    _exaone_mtp(t, r)
+    cfg = _exaone_cfg("exaone_moe", "ExaoneMoEForCausalLM")
+    cfg.update(
+        num_experts=fc.EXPERTS,
+        num_experts_per_tok=2,
+        moe_intermediate_size=fc.INTER,
+        mlp_layer_types=["sparse"] * fc.LAYERS,
+        num_nextn_predict_layers=1,
+    )
+    return t, cfg
+
+
+def exaone4_5(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
+    """EXAONE-4.5 VLM (exaone4_5_mtp.py): the text model under ``model.language_model.``, the
+    drafter at top-level ``mtp.*``, ``num_nextn_predict_layers`` read from the top level."""
+    t: fc.Tensors = {}
+    fc._head(t, r, base="model.language_model.")
+    t["model.visual.merger.mlp.0.weight"] = r.w(fc.H, fc.H)
+    for i in range(fc.LAYERS):
+        _exaone_block(t, f"model.language_model.layers.{i}.", r)
+    _exaone_mtp(t, r)
+    text = _exaone_cfg("exaone4_5_text", "Exaone4ForCausalLM")
+    del text["architectures"]
+    cfg = {
+        "architectures": ["Exaone4_5_ForConditionalGeneration"],
+        "model_type": "exaone4_5",
+        "text_config": text,
+        "num_nextn_predict_layers": 1,
+        "tie_word_embeddings": False,
+    }
+    return t, cfg
+
+
 MORE_BUILDERS = {
     "longcat_flash": longcat_flash,
     "dots3_note": dots3_note,
     "bailing_moe_v3": bailing_moe_v3,
     "ernie4_5_moe": ernie4_5_moe,
+    "exaone_moe": exaone_moe,
+    "exaone4_5": exaone4_5,
     # bailing_moe_mtp.py: DeepSeek-style MLA + MoE, nn.Linear eh_proj
     "bailing_moe_v2_5": fc._mla_family("bailing_hybrid", "BailingMoeV2_5ForCausalLM"),
 }
-MORE_DRAFTER_PREFIXES = {"longcat_flash": "model.mtp.", "ernie4_5_moe": "model.mtp_"}
+MORE_DRAFTER_PREFIXES = {
+    "longcat_flash": "model.mtp.",
+    "ernie4_5_moe": "model.mtp_",
+    "exaone_moe": "mtp.",
+    "exaone4_5": "mtp.",
+}
