@@ -273,6 +273,17 @@ FAMILIES: tuple[Family, ...] = (
         fp8=("fc", "attention and MLP linears", "routed experts (blocks)"),
     ),
     Family(
+        # before the Qwen3.5 rows: its text_config is a qwen3_5_moe_text
+        "interns2_mobius",
+        ("InternS2MobiusMTP",),
+        _VLLM + "interns2_mobius.py",
+        model_types=frozenset({"interns2_mobius"}),
+        layer_keys=("mtp_num_hidden_layers",),
+        drafter_at=DrafterAt.MTP,
+        # a Qwen3_5MoeMTP whose MoE has its own mtp_num_experts (vLLM's speculative config)
+        fp8=("fc", "attention and MLP linears", "routed experts (blocks)"),
+    ),
+    Family(
         "qwen3_5_moe",
         ("Qwen3_5MoeMTP",),
         _VLLM + "qwen3_5_mtp.py",

@@ -39,7 +39,6 @@ UNSUPPORTED: dict[str, str] = {
     "layer-indexed drafter), which the after-target rows do not locate yet",
     "HYV3MTPModel": _TODO + _VLLM + "hy_v3_mtp.py",
     "HYV4MTPModel": _TODO + _VLLM_PKG + "hy_v4/nvidia/mtp.py",
-    "InternS2MobiusMTP": _TODO + _VLLM + "interns2_mobius.py (a Qwen3_5MoeMTP subclass; no fixture yet)",
     "InklingMTPModel": "its MTP weights ship in a separate mtp.safetensors loaded as an EAGLE-style "
     "draft (" + _VLLM_PKG + "inkling/nvidia/mtp.py), not as layers of the target checkpoint",
     "Gemma4MTPModel": "the drafter is a separate assistant checkpoint (gemma4_assistant, "

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from mtpconv.testing import family_checkpoints as fc
+from mtpconv.testing.checkpoints import Spec, build_tensors, make_config
 
 
 def longcat_flash(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
@@ -220,6 +221,17 @@ def exaone4_5(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
     return t, cfg
 
 
+def interns2_mobius(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
+    """Intern-S2-Mobius (interns2_mobius.py): a Qwen3.5-MoE VLM layout whose text_config gives
+    the drafter's MoE its own ``mtp_num_experts`` / ``mtp_num_experts_per_tok``."""
+    spec = Spec(family="qwen3_5_moe", vlm=True, seed=int(torch.randint(0, 1 << 16, (1,), generator=r.g)))
+    tensors, _ = build_tensors(spec)
+    cfg = make_config(spec)
+    cfg.update(model_type="interns2_mobius", architectures=["InternS2MobiusForConditionalGeneration"])
+    cfg["text_config"].update(mtp_num_experts=spec.experts, mtp_num_experts_per_tok=spec.experts_per_tok)
+    return tensors, cfg
+
+
 MORE_BUILDERS = {
     "longcat_flash": longcat_flash,
     "dots3_note": dots3_note,
@@ -227,6 +239,7 @@ MORE_BUILDERS = {
     "ernie4_5_moe": ernie4_5_moe,
     "exaone_moe": exaone_moe,
     "exaone4_5": exaone4_5,
+    "interns2_mobius": interns2_mobius,
     # bailing_moe_mtp.py: DeepSeek-style MLA + MoE, nn.Linear eh_proj
     "bailing_moe_v2_5": fc._mla_family("bailing_hybrid", "BailingMoeV2_5ForCausalLM"),
 }
@@ -235,4 +248,5 @@ MORE_DRAFTER_PREFIXES = {
     "ernie4_5_moe": "model.mtp_",
     "exaone_moe": "mtp.",
     "exaone4_5": "mtp.",
+    "interns2_mobius": "mtp.",
 }
