@@ -238,6 +238,14 @@ FAMILIES: tuple[Family, ...] = (
         fp8=("fc (ColumnParallelLinear)", "attention q/k/v/o", "dense MLP"),
     ),
     Family(
+        "hy_v3",
+        ("HYV3MTPModel",),
+        _VLLM + "hy_v3_mtp.py",
+        model_types=frozenset({"hy_v3", "hy_v3_mtp"}),
+        plain=_DS_PLAIN,
+        fp8=("attention q/k/v/o", "routed experts (blocks)", "shared_mlp"),
+    ),
+    Family(
         "step3p5",
         ("Step3p5MTP",),
         _VLLM + "step3p5_mtp.py",

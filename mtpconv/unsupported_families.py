@@ -37,7 +37,6 @@ UNSUPPORTED: dict[str, str] = {
     + _VLLM
     + "glm_ocr_mtp.py: the drafter is model.language_model.layers.{N}.* (a VLM prefix on a "
     "layer-indexed drafter), which the after-target rows do not locate yet",
-    "HYV3MTPModel": _TODO + _VLLM + "hy_v3_mtp.py",
     "HYV4MTPModel": _TODO + _VLLM_PKG + "hy_v4/nvidia/mtp.py",
     "InklingMTPModel": "its MTP weights ship in a separate mtp.safetensors loaded as an EAGLE-style "
     "draft (" + _VLLM_PKG + "inkling/nvidia/mtp.py), not as layers of the target checkpoint",

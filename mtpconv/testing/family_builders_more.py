@@ -232,6 +232,35 @@ def interns2_mobius(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
     return tensors, cfg
 
 
+def hy_v3(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
+    """Hunyuan-V3 (hy_v3.py / hy_v3_mtp.py): MoE layers with ``mlp.router.gate`` and a
+    ``shared_mlp``; the MTP step at ``model.layers.{N}`` with eh_proj and final_layernorm."""
+    t: fc.Tensors = {}
+    fc._head(t, r)
+    for i in range(fc.LAYERS + 1):
+        p = f"model.layers.{i}."
+        t[f"{p}input_layernorm.weight"] = r.ones(fc.H)
+        t[f"{p}post_attention_layernorm.weight"] = r.ones(fc.H)
+        fc._mha(t, f"{p}self_attn.", r)
+        t[f"{p}mlp.router.gate.weight"] = r.w(fc.EXPERTS, fc.H).float()
+        for e in range(fc.EXPERTS):
+            fc._mlp(t, f"{p}mlp.experts.{e}.", r)
+        fc._mlp(t, f"{p}mlp.shared_mlp.", r)
+    p = f"model.layers.{fc.LAYERS}."
+    fc._step_modules(t, p, r, head=False)
+    t[f"{p}final_layernorm.weight"] = r.ones(fc.H)
+    cfg = _exaone_cfg("hy_v3", "HYV3ForCausalLM")
+    cfg.update(
+        num_experts=fc.EXPERTS,
+        num_experts_per_tok=2,
+        num_shared_experts=1,
+        expert_hidden_dim=fc.INTER,
+        first_k_dense_replace=0,
+        num_nextn_predict_layers=1,
+    )
+    return t, cfg
+
+
 MORE_BUILDERS = {
     "longcat_flash": longcat_flash,
     "dots3_note": dots3_note,
@@ -240,6 +269,7 @@ MORE_BUILDERS = {
     "exaone_moe": exaone_moe,
     "exaone4_5": exaone4_5,
     "interns2_mobius": interns2_mobius,
+    "hy_v3": hy_v3,
     # bailing_moe_mtp.py: DeepSeek-style MLA + MoE, nn.Linear eh_proj
     "bailing_moe_v2_5": fc._mla_family("bailing_hybrid", "BailingMoeV2_5ForCausalLM"),
 }
