@@ -246,6 +246,16 @@ FAMILIES: tuple[Family, ...] = (
         fp8=("attention q/k/v/o", "routed experts (blocks)", "shared_mlp"),
     ),
     Family(
+        "glm_ocr",
+        ("GlmOcrMTPModel",),
+        _VLLM + "glm_ocr_mtp.py",
+        model_types=frozenset({"glm_ocr", "glm_ocr_text"}),
+        plain=_DS_PLAIN,
+        # the drafter is model.language_model.layers.{N}.*: a dense Glm4DecoderLayer
+        fp8=("attention q/k/v/o", "dense MLP"),
+        bf16=("shared_head",),
+    ),
+    Family(
         "step3p5",
         ("Step3p5MTP",),
         _VLLM + "step3p5_mtp.py",

@@ -309,7 +309,10 @@ def _prefixes(row: Family, names: list[str], n_layers: int | None, declared: int
     layered = _layers_after_target(names, n_layers)
     start = n_layers or 0
     count = declared if declared is not None else len(layered)
-    return tuple(f"model.layers.{start + i}." for i in range(count))
+    # a VLM keeps its text layers, the drafter's included, under model.language_model (GLM-OCR)
+    vlm = any(n.startswith("model.language_model.layers.") for n in names)
+    base = "model.language_model." if vlm else "model."
+    return tuple(f"{base}layers.{start + i}." for i in range(count))
 
 
 def _no_row(
@@ -347,10 +350,13 @@ def _split_plain(row: Family | None, linears: list[Linear]) -> tuple[list[Linear
 
 
 def _layers_after_target(names: list[str], n_layers: int | None, *, any_module: bool = False) -> list[int]:
-    """Indices ``>= num_hidden_layers`` of ``model.layers.*`` holding an ``eh_proj`` (any tensor)."""
+    """Indices ``>= num_hidden_layers`` of ``model[.language_model].layers.*`` holding an
+    ``eh_proj`` (any tensor)."""
     if n_layers is None:
         return []
-    pattern = re.compile(r"model\.layers\.(\d+)\." + ("" if any_module else r"eh_proj\."))
+    pattern = re.compile(
+        r"model\.(?:language_model\.)?layers\.(\d+)\." + ("" if any_module else r"eh_proj\.")
+    )
     found = {int(m.group(1)) for n in names if (m := pattern.match(n))}
     return sorted(i for i in found if i >= n_layers)
 

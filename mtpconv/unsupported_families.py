@@ -33,11 +33,12 @@ UNSUPPORTED: dict[str, str] = {
     "model.mtp.layers.{i}[.transformer_layer].* with mtp. dropped): the same names as the target's first "
     "layers in the one quant config both read, so an FP8 declaration of the drafter would re-declare "
     "target layer i; no per-module FP8 variant is possible",
-    "GlmOcrMTPModel": _LOOKED
-    + _VLLM
-    + "glm_ocr_mtp.py: the drafter is model.language_model.layers.{N}.* (a VLM prefix on a "
-    "layer-indexed drafter), which the after-target rows do not locate yet",
-    "HYV4MTPModel": _TODO + _VLLM_PKG + "hy_v4/nvidia/mtp.py",
+    "HYV4MTPModel": _LOOKED
+    + _VLLM_PKG
+    + "hy_v4/nvidia/mtp.py builds the drafter's quant config from config.json's mtp_quant_algo "
+    "(FP8: its own Fp8Config over the checkpoint's scales; absent: the backbone's), not from a "
+    "per-module declaration, and its decoder layer carries hyper-connection (hc_attn_layer / "
+    "hc_mlp_layer) modules and names like self_attn.linear_gate that no row describes yet",
     "InklingMTPModel": "its MTP weights ship in a separate mtp.safetensors loaded as an EAGLE-style "
     "draft (" + _VLLM_PKG + "inkling/nvidia/mtp.py), not as layers of the target checkpoint",
     "Gemma4MTPModel": "the drafter is a separate assistant checkpoint (gemma4_assistant, "

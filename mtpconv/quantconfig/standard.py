@@ -119,6 +119,8 @@ def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
         idx, _, rest = module[len("model.layers.") :].partition(".")
         if not rest.startswith(STEP_MODULES):
             return f"model.layers.{idx}.mtp_block.{rest}"
+    if module.startswith("model.language_model.layers."):  # the MTP classes drop "language_model."
+        return "model." + module[len("model.language_model.") :]
     return drafter_name(module)
 
 

@@ -261,6 +261,45 @@ def hy_v3(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
     return t, cfg
 
 
+def glm_ocr(r: fc._Gen) -> tuple[fc.Tensors, dict[str, Any]]:
+    """GLM-OCR (glm_ocr_mtp.py): a VLM whose text layers, the MTP one at index N included, live
+    under ``model.language_model.layers.*``; Glm4 decoder layers (q/k/v biases, four norms)."""
+    t: fc.Tensors = {}
+    fc._head(t, r, base="model.language_model.")
+    t["model.visual.blocks.0.attn.qkv.weight"] = r.w(3 * fc.H, fc.H)
+    for i in range(fc.LAYERS + 1):
+        p = f"model.language_model.layers.{i}."
+        for n in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "post_self_attn_layernorm",
+            "post_mlp_layernorm",
+        ):
+            t[f"{p}{n}.weight"] = r.ones(fc.H)
+        fc._mha(t, f"{p}self_attn.", r)
+        for n, width in (
+            ("q_proj", fc.HEADS * fc.HEAD_DIM),
+            ("k_proj", fc.HEAD_DIM),
+            ("v_proj", fc.HEAD_DIM),
+        ):
+            t[f"{p}self_attn.{n}.bias"] = r.w(width)
+        t[f"{p}mlp.gate_up_proj.weight"] = r.w(2 * fc.INTER, fc.H)
+        t[f"{p}mlp.down_proj.weight"] = r.w(fc.H, fc.INTER)
+    p = f"model.language_model.layers.{fc.LAYERS}."
+    fc._step_modules(t, p, r, head=False)
+    t[f"{p}shared_head.norm.weight"] = r.ones(fc.H)
+    text = _exaone_cfg("glm_ocr_text", "unused")
+    del text["architectures"]
+    text["num_nextn_predict_layers"] = 1
+    cfg = {
+        "architectures": ["GlmOcrForConditionalGeneration"],
+        "model_type": "glm_ocr",
+        "text_config": text,
+        "tie_word_embeddings": False,
+    }
+    return t, cfg
+
+
 MORE_BUILDERS = {
     "longcat_flash": longcat_flash,
     "dots3_note": dots3_note,
@@ -270,6 +309,7 @@ MORE_BUILDERS = {
     "exaone4_5": exaone4_5,
     "interns2_mobius": interns2_mobius,
     "hy_v3": hy_v3,
+    "glm_ocr": glm_ocr,
     # bailing_moe_mtp.py: DeepSeek-style MLA + MoE, nn.Linear eh_proj
     "bailing_moe_v2_5": fc._mla_family("bailing_hybrid", "BailingMoeV2_5ForCausalLM"),
 }
@@ -279,4 +319,5 @@ MORE_DRAFTER_PREFIXES = {
     "exaone_moe": "mtp.",
     "exaone4_5": "mtp.",
     "interns2_mobius": "mtp.",
+    "glm_ocr": "model.language_model.layers.{layers}.",  # formatted by drafter_prefix
 }

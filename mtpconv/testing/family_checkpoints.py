@@ -321,7 +321,7 @@ _FAMILY_EXCLUDES = {
 def drafter_prefix(family: str) -> str:
     """Where the fixture's drafter tensors start (for exclusions and for tests)."""
     prefixes = {"nemotron_h": "mtp.", "mimo_v2": "model.mtp.", **MORE_DRAFTER_PREFIXES}
-    return prefixes.get(family, f"model.layers.{LAYERS}.")
+    return prefixes.get(family, "model.layers.{layers}.").format(layers=LAYERS)
 
 
 def _nvfp4_ok(name: str, w: torch.Tensor) -> bool:
