@@ -10,9 +10,6 @@ VLLM_MODELS = "vllm/model_executor/models/"
 VLLM_PKG = "vllm/models/"
 _VLLM, _VLLM_PKG = VLLM_MODELS, VLLM_PKG
 
-_TODO = (
-    "not looked at yet (issue 14 covers families in the users' order): needs a row and a fixture read from "
-)
 _LOOKED = "read (issue 14), not supported yet: "
 # vLLM MTP architectures without a row, and why: the registry-walk test fails on any other.
 UNSUPPORTED: dict[str, str] = {

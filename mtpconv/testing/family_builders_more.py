@@ -1,10 +1,10 @@
 """More tiny family checkpoints (issue 14), with the names the cited vLLM files load.
 
 `family_checkpoints.BUILDERS` includes these; they are split out to keep each module small.
-LongCat-Flash (longcat_flash.py / longcat_flash_mtp.py): a target of paired sub-layers
-(``self_attn.{0,1}``, ``mlps.{0,1}``) and one ``model.mtp.*`` MTP layer whose MLA attention
-sits at ``model.mtp.layers.0.self_attn.*`` and dense MLP at ``…transformer_layer.mlp.*``;
-Dots3-NOTE's gated-MLA DeepSeek-style layers; Bailing-MoE-V3's ``attention.*`` MLA.
+LongCat-Flash's paired target sub-layers and ``model.mtp.*`` MTP layer; Dots3-NOTE's gated
+MLA; Bailing-MoE-V3's ``attention.*`` MLA with ``dense``; ERNIE-4.5's ``model.mtp_block.*``
+parts; K-EXAONE's and EXAONE-4.5's ``mtp.*``; Intern-S2-Mobius's Qwen3.5-MoE layout;
+Hunyuan-V3's ``shared_mlp``; GLM-OCR's ``model.language_model.layers.{N}`` drafter.
 """
 
 from __future__ import annotations
