@@ -9,98 +9,25 @@ rows; a new family is a row here plus a tiny-checkpoint factory, not a new code 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
-_VLLM = "vllm/model_executor/models/"
-_VLLM_PKG = "vllm/models/"
+# the row type and its vocabularies live in family_types; re-exported for the callers
+from mtpconv.family_types import ATTN_NO_QUANT, NN_LINEAR, NO_QUANT
+from mtpconv.family_types import STEP_MODULES as STEP_MODULES
+from mtpconv.family_types import DrafterAt as DrafterAt
+from mtpconv.family_types import Family as Family
+from mtpconv.family_types import VllmNames as VllmNames
+from mtpconv.unsupported_families import UNSUPPORTED as UNSUPPORTED  # re-exported: rows and reasons
+from mtpconv.unsupported_families import VLLM_MODELS, VLLM_PKG
 
-
-class DrafterAt(str, Enum):
-    """Where a family's checkpoint stores the drafter's tensors."""
-
-    MTP = "mtp"  # ``mtp.*`` (under a VLM's text prefix): Qwen, Nemotron-H
-    MODEL_MTP = "model_mtp"  # ``model.mtp.*``: MiMo-V2
-    AFTER_TARGET = "after_target"  # ``model.layers.{num_hidden_layers + i}.*``: DeepSeek style
-    MTP_LAYERS = "mtp_layers"  # ``model.mtp_layers.{i}.*``: MiMo
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class VllmNames(str, Enum):
-    """How the name vLLM's quant config sees for a drafter module follows from its checkpoint name."""
-
-    AS_STORED = "as_stored"  # the checkpoint name, a VLM prefix stripped
-    MTP_LAYERS_AFTER_TARGET = "mtp_layers_after_target"  # MiMo: model.layers.{N + i}
-    MTP_BLOCK = "mtp_block"  # model.layers.{k}.X -> model.layers.{k}.mtp_block.X (Step-3.5)
-
-    def __str__(self) -> str:
-        return self.value
-
-
-# Why a drafter linear stays BF16: vLLM gives it no quant method, so FP8 weights would not load.
-NN_LINEAR = "builds it as a plain nn.Linear (no FP8 possible)"
-NO_QUANT = "builds it with quant_config=None (fused with a BF16 weight; no FP8 possible)"
-
-# Modules of a layer-indexed drafter that belong to the MTP step, not to its decoder block.
-STEP_MODULES = ("embed_tokens", "enorm", "hnorm", "eh_proj", "shared_head")
-
-
-@dataclass(frozen=True)
-class Family:
-    """One MTP family: how to find its drafter and which of its linears can be FP8."""
-
-    name: str
-    vllm_mtp: tuple[str, ...]  # vLLM registry architectures this row covers
-    source: str  # the vLLM file the row was read from
-    model_types: frozenset[str] = frozenset()
-    architectures: frozenset[str] = frozenset()  # target architectures (where model_type is ambiguous)
-    layer_keys: tuple[str, ...] = ("num_nextn_predict_layers",)
-    drafter_at: DrafterAt = DrafterAt.AFTER_TARGET
-    vllm_names: VllmNames = VllmNames.AS_STORED
-    plain: tuple[tuple[str, str], ...] = ()  # (module leaf, why vLLM gives it no quant method)
-    experts: bool | None = None  # True: only MoE configs; None: either
-    marker: str | None = None  # a tensor-name regex that identifies the family without its model_type
-    config_marker: str | None = None  # a config key that identifies it likewise
-    step_pattern_key: str | None = None  # config key whose length is the stored layers per MTP step
-    mla: bool = False  # multi-head latent attention (the KV-cache trap of DESIGN §5)
-    ships_nvfp4: bool = False  # NVFP4 releases exist (the fixtures cover them)
-    draft_vocab: bool = False  # the plugin's truncated draft head supports it
-    fp8: tuple[str, ...] = ("attention and MLP linears",)  # what the variant stores FP8 (README)
-    bf16: tuple[str, ...] = ()  # what stays BF16 besides the plain leaves, norms, routers, heads
-    _plain: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_plain", dict(self.plain))
-
-    def plain_reason(self, module: str) -> str | None:
-        """Why vLLM builds this drafter module without a quant method, or None when it does not."""
-        why = self._plain.get(module.rsplit(".", 1)[-1])
-        return None if why is None else f"vLLM's {self.name} MTP class {why}"
-
-    def matches_type(self, types: set[str], architectures: set[str], has_experts: bool) -> bool:
-        """Whether the config's model types or architectures name this family."""
-        if not (types & self.model_types or architectures & self.architectures):
-            return False
-        return self.experts is None or self.experts == has_experts
-
-    def matches_marker(self, tcfg: Mapping[str, Any], names: list[str]) -> bool:
-        """Whether the config or the tensor names identify this family without its model_type."""
-        if self.config_marker is not None and self.config_marker in tcfg:
-            return True
-        if self.marker is None:
-            return False
-        pattern = re.compile(self.marker)
-        return any(pattern.search(n) for n in names)
+_VLLM, _VLLM_PKG = VLLM_MODELS, VLLM_PKG
 
 
 _MLA_FP8 = ("MLA q_a/q_b/kv_a/kv_b/o", "routed experts (blocks)", "shared experts")
 _DS_PLAIN = (("eh_proj", NN_LINEAR),)
 _DSA_PLAIN = (("eh_proj", NN_LINEAR), ("weights_proj", NO_QUANT), ("wk", NO_QUANT))
+_MLA_LEAVES = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "wq_b")
 
 # Detection order: the first row whose model_type / architecture matches, else the first
 # whose marker does. Rows are ordered so that a marker never steals another family's checkpoint.
@@ -162,6 +89,19 @@ FAMILIES: tuple[Family, ...] = (
         bf16=("indexer wq_b / k_norm", "shared_head"),
     ),
     Family(
+        "glm5_next",
+        ("Glm5NextMTPModel",),
+        _VLLM_PKG + "glm5next/common/mtp.py",
+        model_types=frozenset({"glm5_next", "glm5_next_text"}),
+        architectures=frozenset({"Glm5NextForCausalLM", "Glm5NextForConditionalGeneration"}),
+        # Glm5NextDecoderLayer(is_mtp_layer=True) builds its MLA attention (indexer included)
+        # with quant_config=None; only the MoE gets the quant config
+        plain=(*_DSA_PLAIN, *((leaf, ATTN_NO_QUANT) for leaf in _MLA_LEAVES)),
+        mla=True,
+        fp8=("routed experts (blocks)", "shared experts"),
+        bf16=("MLA attention and its indexer", "shared_head"),
+    ),
+    Family(
         "glm4_moe_lite",
         ("Glm4MoeLiteMTPModel",),
         _VLLM + "glm4_moe_lite_mtp.py",
@@ -202,6 +142,120 @@ FAMILIES: tuple[Family, ...] = (
         bf16=("shared_head",),
     ),
     Family(
+        "openpangu",
+        ("OpenPanguMTPModel",),
+        _VLLM + "openpangu_mtp.py",
+        model_types=frozenset({"pangu_ultra_moe", "pangu_ultra_moe_mtp"}),
+        architectures=frozenset({"PanguUltraMoEForCausalLM"}),
+        plain=_DS_PLAIN,
+        mla=True,
+        fp8=_MLA_FP8,
+        bf16=("shared_head",),
+    ),
+    Family(
+        "longcat_flash",
+        ("LongCatFlashMTPModel",),
+        _VLLM + "longcat_flash_mtp.py",
+        model_types=frozenset({"longcat_flash"}),
+        architectures=frozenset({"LongcatFlashForCausalLM"}),
+        layer_keys=(),
+        drafter_at=DrafterAt.MODEL_MTP,
+        vllm_names=VllmNames.MTP_AFTER_TARGET_BARE_EH,
+        # vLLM: mtp_start_layer_idx = num_layers * 2, num_mtp_layers = 1
+        start_key="num_layers",
+        start_factor=2,
+        fixed_layers=1,
+        mla=True,
+        fp8=("eh_proj (ReplicatedLinear)", "MLA q_a/q_b/kv_a/kv_b/o", "dense MLP"),
+    ),
+    Family(
+        "dots3_note",
+        ("Dots3NoteMTPModel",),
+        _VLLM_PKG + "dots3_note/nvidia/mtp.py",
+        model_types=frozenset({"dots3_note", "dots3_note_mtp"}),
+        architectures=frozenset({"Dots3NoteForCausalLM"}),
+        # eh_proj is a quantizable ReplicatedLinear here; a full-attention MTP layer's
+        # indexer fuses wk + weights_proj without a quant method (DeepSeek-V3.2's)
+        plain=_DSA_PLAIN[1:],
+        mla=True,
+        fp8=("eh_proj (ReplicatedLinear)", "MLA q_a/q_b/kv_a/kv_b/o and g_proj", "dense MLP"),
+        bf16=("shared_head", "model.mtp.embed_tokens"),
+    ),
+    Family(
+        "bailing_moe_v3",
+        ("BailingMoeV3MTPModel",),
+        _VLLM + "bailing_moe_v3_mtp.py",
+        # model_type "bailing_hybrid" is V2.5's too: V3 is told by its architecture
+        architectures=frozenset({"BailingMoeV3ForCausalLM"}),
+        vllm_names=VllmNames.ATTENTION_AS_SELF_ATTN,
+        mla=True,
+        fp8=(
+            "eh_proj (ReplicatedLinear)",
+            "MLA q_a/q_b/kv_a/kv_b, g_proj, dense",
+            "routed experts (blocks)",
+            "shared experts",
+        ),
+        bf16=("shared_head",),
+    ),
+    Family(
+        "bailing_moe_v2_5",
+        ("BailingMoeV25MTPModel",),
+        _VLLM + "bailing_moe_mtp.py",
+        model_types=frozenset({"bailing_hybrid"}),
+        architectures=frozenset({"BailingMoeV2_5ForCausalLM"}),
+        plain=_DS_PLAIN,
+        mla=True,
+        fp8=_MLA_FP8,
+        bf16=("shared_head",),
+    ),
+    Family(
+        "ernie4_5_moe",
+        ("ErnieMTPModel",),
+        _VLLM + "ernie_mtp.py",
+        model_types=frozenset({"ernie4_5_moe", "ernie_mtp"}),
+        drafter_at=DrafterAt.MTP_PARTS,
+        vllm_names=VllmNames.MTP_PARTS_AFTER_TARGET,
+        # mtp_block is a LlamaDecoderLayer: dense attention and MLP, all quantizable
+        fp8=("attention q/k/v/o", "dense MLP"),
+        bf16=("mtp_linear_proj.{i} (vLLM nn.Linear)",),
+    ),
+    Family(
+        "exaone_moe",
+        ("ExaoneMoeMTP",),
+        _VLLM + "exaone_moe_mtp.py",
+        model_types=frozenset({"exaone_moe", "exaone_moe_mtp"}),
+        drafter_at=DrafterAt.MTP,
+        # the MTP decoder layer is built with is_mtp=True: a dense gated MLP
+        fp8=("fc (ColumnParallelLinear)", "attention q/k/v/o", "dense MLP"),
+    ),
+    Family(
+        "exaone4_5",
+        ("Exaone4_5_MTP",),
+        _VLLM + "exaone4_5_mtp.py",
+        model_types=frozenset({"exaone4_5", "exaone4_5_mtp"}),
+        drafter_at=DrafterAt.MTP,
+        fixed_layers=1,  # getattr(config, "num_nextn_predict_layers", 1)
+        fp8=("fc (ColumnParallelLinear)", "attention q/k/v/o", "dense MLP"),
+    ),
+    Family(
+        "hy_v3",
+        ("HYV3MTPModel",),
+        _VLLM + "hy_v3_mtp.py",
+        model_types=frozenset({"hy_v3", "hy_v3_mtp"}),
+        plain=_DS_PLAIN,
+        fp8=("attention q/k/v/o", "routed experts (blocks)", "shared_mlp"),
+    ),
+    Family(
+        "glm_ocr",
+        ("GlmOcrMTPModel",),
+        _VLLM + "glm_ocr_mtp.py",
+        model_types=frozenset({"glm_ocr", "glm_ocr_text"}),
+        plain=_DS_PLAIN,
+        # the drafter is model.language_model.layers.{N}.*: a dense Glm4DecoderLayer
+        fp8=("attention q/k/v/o", "dense MLP"),
+        bf16=("shared_head",),
+    ),
+    Family(
         "step3p5",
         ("Step3p5MTP",),
         _VLLM + "step3p5_mtp.py",
@@ -237,6 +291,17 @@ FAMILIES: tuple[Family, ...] = (
         fp8=("fc", "attention and MLP linears", "routed experts (blocks)"),
     ),
     Family(
+        # before the Qwen3.5 rows: its text_config is a qwen3_5_moe_text
+        "interns2_mobius",
+        ("InternS2MobiusMTP",),
+        _VLLM + "interns2_mobius.py",
+        model_types=frozenset({"interns2_mobius"}),
+        layer_keys=("mtp_num_hidden_layers",),
+        drafter_at=DrafterAt.MTP,
+        # a Qwen3_5MoeMTP whose MoE has its own mtp_num_experts (vLLM's speculative config)
+        fp8=("fc", "attention and MLP linears", "routed experts (blocks)"),
+    ),
+    Family(
         "qwen3_5_moe",
         ("Qwen3_5MoeMTP",),
         _VLLM + "qwen3_5_mtp.py",
@@ -263,37 +328,6 @@ FAMILIES: tuple[Family, ...] = (
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
-_TODO = (
-    "not looked at yet (issue 14 covers families in the users' order): needs a row and a fixture read from "
-)
-# vLLM MTP architectures without a row, and why: the registry-walk test fails on any other.
-UNSUPPORTED: dict[str, str] = {
-    "DeepSeekV4MTPModel": _TODO
-    + _VLLM_PKG
-    + "deepseek_v4/nvidia/mtp.py (mtp.{i}.* names, e_proj/h_proj ReplicatedLinear, hyper-connection "
-    "and compressor tensors)",
-    "Glm5NextMTPModel": _TODO + _VLLM_PKG + "glm5next/common/mtp.py",
-    "KimiK3MTPModel": _TODO + _VLLM_PKG + "kimi_k3/nvidia/mtp.py (eh_proj is a ReplicatedLinear)",
-    "MiniMaxM3MTP": _TODO + _VLLM_PKG + "minimax_m3/nvidia/mtp.py (model.mtp.layers.*, num_mtp_modules)",
-    "LongCatFlashMTPModel": _TODO + _VLLM + "longcat_flash_mtp.py (model.mtp.layers.0.*, enorm.m / hnorm.m)",
-    "Dots3NoteMTPModel": _TODO + _VLLM_PKG + "dots3_note/nvidia/mtp.py",
-    "BailingMoeV25MTPModel": _TODO + _VLLM + "bailing_moe_mtp.py",
-    "BailingMoeV3MTPModel": _TODO + _VLLM + "bailing_moe_v3_mtp.py",
-    "ErnieMTPModel": _TODO + _VLLM + "ernie_mtp.py (model.mtp_block.0.*, nn.Linear mtp_linear_proj)",
-    "ExaoneMoeMTP": _TODO + _VLLM + "exaone_moe_mtp.py",
-    "Exaone4_5_MTP": _TODO + _VLLM + "exaone4_5_mtp.py",
-    "GlmOcrMTPModel": _TODO + _VLLM + "glm_ocr_mtp.py",
-    "OpenPanguMTPModel": _TODO + _VLLM + "openpangu_mtp.py",
-    "HYV3MTPModel": _TODO + _VLLM + "hy_v3_mtp.py",
-    "HYV4MTPModel": _TODO + _VLLM_PKG + "hy_v4/nvidia/mtp.py",
-    "InternS2MobiusMTP": _TODO + _VLLM + "interns2_mobius.py (a Qwen3_5MoeMTP subclass; no fixture yet)",
-    "InklingMTPModel": "its MTP weights ship in a separate mtp.safetensors loaded as an EAGLE-style "
-    "draft (" + _VLLM_PKG + "inkling/nvidia/mtp.py), not as layers of the target checkpoint",
-    "Gemma4MTPModel": "the drafter is a separate assistant checkpoint (gemma4_assistant, "
-    + _VLLM
-    + "gemma4_mtp.py), not MTP layers of the target: there is no drafter inside the target to convert",
-}
-
 
 def readme_table() -> str:
     """The README's table of families: what each variant stores FP8 and what stays BF16."""
@@ -318,6 +352,15 @@ LAYER_KEYS: tuple[str, ...] = tuple(
         [k for f in FAMILIES for k in f.layer_keys] + ["num_mtp_layers", "num_mtp_modules", "mtp_num_layers"]
     )
 )
+
+
+def mtp_start_layer(name: str, tcfg: Mapping[str, Any]) -> int | None:
+    """The layer index vLLM gives the family's first MTP layer (``num_hidden_layers`` unless
+    the row says otherwise); None when the config lacks the key."""
+    row = BY_NAME.get(name)
+    key, factor = (row.start_key, row.start_factor) if row is not None else ("num_hidden_layers", 1)
+    value = tcfg.get(key)
+    return value * factor if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def family(name: str) -> Family | None:

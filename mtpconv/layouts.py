@@ -28,13 +28,15 @@ _NEVER_QUANTIZED = frozenset(
 )
 _NOT_LINEAR = _NEVER_QUANTIZED | {"head", "lm_head", "draft_lm_head"}
 # ``kv_a_proj_with_mqa``: MLA, fused with ``q_a_proj`` in vLLM (both FP8 or neither)
-_LINEAR_NAME = re.compile(r"(_proj|_proj_with_mqa|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_proj)$")
+# ``dense``: Bailing-V3's attention output projection
+_LINEAR_NAME = re.compile(r"(_proj|_proj_with_mqa|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_proj|^dense)$")
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
 _LAYER_RE = {
     DrafterAt.MTP: re.compile(r"mtp\.layers\.(\d+)\."),
     DrafterAt.MODEL_MTP: re.compile(r"model\.mtp\.layers\.(\d+)\."),
     DrafterAt.AFTER_TARGET: re.compile(r"model\.layers\.(\d+)\."),
     DrafterAt.MTP_LAYERS: re.compile(r"model\.mtp_layers\.(\d+)\."),
+    DrafterAt.MTP_PARTS: re.compile(r"model\.mtp_block\.(\d+)\."),
 }
 # Tensor names that look like a drafter's, for the error on a family no row matches.
 _CANDIDATE = re.compile(r"(^|\.)(mtp|mtp_layers|nextn|eh_proj|enorm|hnorm|shared_head)(\.|$)")
@@ -267,6 +269,10 @@ def detect_layout(
         declared = None
     else:
         declared = _int(tcfg, *row.layer_keys)
+        if declared is None:  # a VLM's MTP class may read the key from the top level (Exaone-4.5)
+            declared = _int(config, *row.layer_keys)
+        if declared is None:  # a family whose vLLM class builds a fixed number of MTP layers
+            declared = row.fixed_layers
         prefixes = _prefixes(row, names, n_layers, declared)
     drafter = [n for n in names if n.startswith(prefixes)] if prefixes else []
     linears, kept = _split_plain(row, _drafter_linears(drafter, tensors))
@@ -295,13 +301,18 @@ def _prefixes(row: Family, names: list[str], n_layers: int | None, declared: int
         return ("model.mtp_layers.",)
     if row.drafter_at is DrafterAt.MODEL_MTP:
         return ("model.mtp.",)
+    if row.drafter_at is DrafterAt.MTP_PARTS:
+        return tuple(f"model.mtp_{part}." for part in ("block", "emb_norm", "hidden_norm", "linear_proj"))
     if row.drafter_at is DrafterAt.MTP:
         mtp_names = [n for n in names if strip_text_prefix(n)[1].startswith("mtp.")]
         return (f"{strip_text_prefix(mtp_names[0])[0] if mtp_names else ''}mtp.",)
     layered = _layers_after_target(names, n_layers)
     start = n_layers or 0
     count = declared if declared is not None else len(layered)
-    return tuple(f"model.layers.{start + i}." for i in range(count))
+    # a VLM keeps its text layers, the drafter's included, under model.language_model (GLM-OCR)
+    vlm = any(n.startswith("model.language_model.layers.") for n in names)
+    base = "model.language_model." if vlm else "model."
+    return tuple(f"{base}layers.{start + i}." for i in range(count))
 
 
 def _no_row(
@@ -339,10 +350,13 @@ def _split_plain(row: Family | None, linears: list[Linear]) -> tuple[list[Linear
 
 
 def _layers_after_target(names: list[str], n_layers: int | None, *, any_module: bool = False) -> list[int]:
-    """Indices ``>= num_hidden_layers`` of ``model.layers.*`` holding an ``eh_proj`` (any tensor)."""
+    """Indices ``>= num_hidden_layers`` of ``model[.language_model].layers.*`` holding an
+    ``eh_proj`` (any tensor)."""
     if n_layers is None:
         return []
-    pattern = re.compile(r"model\.layers\.(\d+)\." + ("" if any_module else r"eh_proj\."))
+    pattern = re.compile(
+        r"model\.(?:language_model\.)?layers\.(\d+)\." + ("" if any_module else r"eh_proj\.")
+    )
     found = {int(m.group(1)) for n in names if (m := pattern.match(n))}
     return sorted(i for i in found if i >= n_layers)
 

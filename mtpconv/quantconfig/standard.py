@@ -21,6 +21,7 @@ and non-ModelOpt quant methods.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -29,7 +30,7 @@ from typing import Any
 from mtpconv import __version__
 from mtpconv.checkpoint.safetensors_io import TensorInfo
 from mtpconv.errors import QuantConfigError
-from mtpconv.families import STEP_MODULES, VllmNames
+from mtpconv.families import STEP_MODULES, VllmNames, mtp_start_layer
 from mtpconv.families import family as family_row
 from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.layouts import Linear, MtpLayout, linear_modules, module_of, text_config
@@ -84,22 +85,42 @@ def drafter_algorithm(linear: Linear) -> str:
     return EXPERT_ALGO if linear.scale_layout is ScaleLayout.BLOCK_128 else DENSE_ALGO
 
 
+_MTP_PARTS = re.compile(r"model\.mtp_(block|emb_norm|hidden_norm|linear_proj)\.(\d+)(?:\.(.*))?$")
+
+
 def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
     """The name vLLM's quant config sees for a drafter module (the family row's `VllmNames`).
 
     Qwen MTP classes strip a VLM prefix (``mtp.…``); MiMo builds its MTP block with the
     prefix ``model.layers.{N+i}`` while the checkpoint says ``model.mtp_layers.{i}``; Step-3.5
-    puts the decoder block under ``model.layers.{k}.mtp_block``.
+    puts the decoder block under ``model.layers.{k}.mtp_block``; LongCat-Flash names its
+    ``model.mtp.layers.{i}`` block ``model.layers.{2 * num_layers + i}`` and its eh_proj ``eh_proj``
+    (``num_layers``: `families.mtp_start_layer`); Bailing-V3 renames ``attention`` to ``self_attn``;
+    ERNIE-4.5 maps ``model.mtp_block.{i}`` to ``model.layers.{N + i}``.
     """
     row = family_row(family)
     naming = row.vllm_names if row is not None else VllmNames.AS_STORED
     if naming is VllmNames.MTP_LAYERS_AFTER_TARGET and module.startswith("model.mtp_layers.") and num_layers:
         idx, _, rest = module[len("model.mtp_layers.") :].partition(".")
         return f"model.layers.{num_layers + int(idx)}.{rest}"
+    if naming is VllmNames.MTP_AFTER_TARGET_BARE_EH and module.startswith("model.mtp.layers.") and num_layers:
+        idx, _, rest = module[len("model.mtp.layers.") :].partition(".")
+        if rest == "eh_proj":
+            return rest
+        return f"model.layers.{num_layers + int(idx)}.{rest.removeprefix('transformer_layer.')}"
+    parts = _MTP_PARTS.match(module)
+    if naming is VllmNames.MTP_PARTS_AFTER_TARGET and parts and num_layers:
+        part, idx, rest = parts.groups()
+        layer = f"model.layers.{num_layers + int(idx)}"
+        return f"{layer}.{rest}" if part == "block" else f"{layer}.mtp_{part}{'.' + rest if rest else ''}"
+    if naming is VllmNames.ATTENTION_AS_SELF_ATTN:
+        return drafter_name(module).replace(".attention.", ".self_attn.")
     if naming is VllmNames.MTP_BLOCK and module.startswith("model.layers."):
         idx, _, rest = module[len("model.layers.") :].partition(".")
         if not rest.startswith(STEP_MODULES):
             return f"model.layers.{idx}.mtp_block.{rest}"
+    if module.startswith("model.language_model.layers."):  # the MTP classes drop "language_model."
+        return "model." + module[len("model.language_model.") :]
     return drafter_name(module)
 
 
@@ -178,7 +199,7 @@ def declare_drafter(
         target_linears=[m for m in linear_modules(tensors) if m not in drafter],
         all_modules={module_of(n) for n in tensors} | drafter,
         family=layout.family,
-        num_layers=tcfg.get("num_hidden_layers"),
+        num_layers=mtp_start_layer(layout.family, tcfg),
         mla="kv_lora_rank" in tcfg,
     )
 

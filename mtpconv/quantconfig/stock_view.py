@@ -17,6 +17,7 @@ from typing import Any
 
 from mtpconv.checkpoint.safetensors_io import TensorInfo
 from mtpconv.errors import MtpconvError
+from mtpconv.families import mtp_start_layer
 from mtpconv.layouts import Linear, MtpLayout, text_config
 from mtpconv.quantconfig import compressed_tensors as ct
 from mtpconv.quantconfig.declarations import DeclaredQuant, declared_algorithm, declared_quant
@@ -139,7 +140,7 @@ def view_of_configs(
 ) -> StockView:
     """Read ``configs`` (what vLLM reads) for every drafter linear of ``layout``."""
     decl = declared_quant(configs)
-    num_layers = text_config(configs.config).get("num_hidden_layers")
+    num_layers = mtp_start_layer(layout.family, text_config(configs.config))
     by_module = {lin.module: lin for lin in layout.linears}
     rows: dict[tuple[str, ModuleKind, str, str], int] = {}
     for module in sorted({*fp8_modules, *kept_bf16, *by_module}):

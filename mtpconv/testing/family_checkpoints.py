@@ -132,21 +132,24 @@ def _mla_config(model_type: str, arch: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _dsa(model_type: str, arch: str) -> Callable[[_Gen], tuple[Tensors, dict[str, Any]]]:
+def _dsa(model_type: str, arch: str, **extra: Any) -> Callable[[_Gen], tuple[Tensors, dict[str, Any]]]:
     def build(r: _Gen) -> tuple[Tensors, dict[str, Any]]:
         t: Tensors = {}
         _head(t, r)
         for i in range(LAYERS + 1):  # the last one is the MTP layer
             _deepseek_layer(t, f"model.layers.{i}.", r, indexer=True)
         _step_modules(t, f"model.layers.{LAYERS}.", r)
-        cfg = _mla_config(model_type, arch, index_n_heads=INDEX_HEADS, index_head_dim=INDEX_DIM, index_topk=8)
+        cfg = _mla_config(
+            model_type, arch, index_n_heads=INDEX_HEADS, index_head_dim=INDEX_DIM, index_topk=8, **extra
+        )
         return t, cfg
 
     return build
 
 
 def _mla_family(model_type: str, arch: str) -> Callable[[_Gen], tuple[Tensors, dict[str, Any]]]:
-    """GLM-4.7-Flash (glm4_moe_lite_mtp.py), Kimi-K2 (deepseek_mtp.py): MLA without an indexer."""
+    """GLM-4.7-Flash (glm4_moe_lite_mtp.py), Kimi-K2 (deepseek_mtp.py), openPangu-Ultra-MoE
+    (openpangu_mtp.py): MLA without an indexer."""
 
     def build(r: _Gen) -> tuple[Tensors, dict[str, Any]]:
         t: Tensors = {}
@@ -293,11 +296,17 @@ BUILDERS: dict[str, Callable[[_Gen], tuple[Tensors, dict[str, Any]]]] = {
     "nemotron_h": _nemotron_h,
     "deepseek_v32": _dsa("deepseek_v32", "DeepseekV32ForCausalLM"),
     "glm_moe_dsa": _dsa("glm_moe_dsa", "GlmMoeDsaForCausalLM"),
+    "glm5_next": _dsa("glm5_next_text", "Glm5NextForCausalLM", index_kpool=4),
     "glm4_moe_lite": _mla_family("glm4_moe_lite", "Glm4MoeLiteForCausalLM"),
     "kimi_k2": _mla_family("kimi_k2", "DeepseekV3ForCausalLM"),
+    "openpangu": _mla_family("pangu_ultra_moe", "PanguUltraMoEForCausalLM"),
     "mimo_v2": _mimo_v2,
     "step3p5": _step3p5,
 }
+# Builders of later families live in family_builders_more (it reads the helpers above).
+from mtpconv.testing.family_builders_more import MORE_BUILDERS, MORE_DRAFTER_PREFIXES  # noqa: E402
+
+BUILDERS.update(MORE_BUILDERS)
 # What is NVFP4 in these fixtures: 2-D ``*_proj`` linears, never the indexer (BF16 in
 # NVIDIA's exports) nor the plain-nn.Linear ``eh_proj``.
 _NVFP4_SKIP = (".indexer.", ".eh_proj.", "embed", "lm_head", "shared_head")
@@ -311,7 +320,8 @@ _FAMILY_EXCLUDES = {
 
 def drafter_prefix(family: str) -> str:
     """Where the fixture's drafter tensors start (for exclusions and for tests)."""
-    return {"nemotron_h": "mtp.", "mimo_v2": "model.mtp."}.get(family, f"model.layers.{LAYERS}.")
+    prefixes = {"nemotron_h": "mtp.", "mimo_v2": "model.mtp.", **MORE_DRAFTER_PREFIXES}
+    return prefixes.get(family, "model.layers.{layers}.").format(layers=LAYERS)
 
 
 def _nvfp4_ok(name: str, w: torch.Tensor) -> bool:

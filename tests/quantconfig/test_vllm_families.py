@@ -19,7 +19,7 @@ import pytest
 
 from mtpconv.checkpoint.index import load_checkpoint_files
 from mtpconv.commands.quantize_mtp import quantize_mtp
-from mtpconv.families import BY_NAME
+from mtpconv.families import BY_NAME, mtp_start_layer
 from mtpconv.layouts import linear_modules
 from mtpconv.quantconfig.standard import vllm_drafter_key
 from mtpconv.testing.family_checkpoints import BUILDERS, write_family_checkpoint
@@ -84,7 +84,7 @@ def _case(tmp: Path, name: str, quant: str) -> tuple[Any, Any, list[str], list[s
     drafter_set = set(layout.drafter_tensors)
     modules = set(linear_modules(load_checkpoint_files(src).tensors))
     targets = sorted(m for m in modules if not any(t.startswith(m + ".") for t in drafter_set))
-    n = json.loads((src / "config.json").read_text())["num_hidden_layers"]
+    n = mtp_start_layer(name, json.loads((src / "config.json").read_text()))
     keys = {vllm_drafter_key(lin.module, name, n) for lin in report.plan.linears}
     drafter = sorted({vllm_layer(k, keys) for k in keys})
     return src_qc, var_qc, targets, drafter

@@ -1,0 +1,44 @@
+"""The vLLM MTP architectures mtpconv has no family row for, each with the reason (issue 14).
+
+`mtpconv.families` re-exports `UNSUPPORTED`; the registry-walk test fails on any vLLM MTP
+architecture that is neither a row nor listed here.
+"""
+
+from __future__ import annotations
+
+VLLM_MODELS = "vllm/model_executor/models/"
+VLLM_PKG = "vllm/models/"
+_VLLM, _VLLM_PKG = VLLM_MODELS, VLLM_PKG
+
+_LOOKED = "read (issue 14), not supported yet: "
+# vLLM MTP architectures without a row, and why: the registry-walk test fails on any other.
+UNSUPPORTED: dict[str, str] = {
+    "DeepSeekV4MTPModel": _LOOKED
+    + _VLLM_PKG
+    + "deepseek_v4/nvidia/mtp.py stores the drafter as mtp.{i}.* with wq_a/wkv/wq_b/wo_a/wo_b attention "
+    "and w1/w2/w3 experts (mtpconv's linears are *_proj names), vLLM sees it as "
+    "model.layers.{N + i}.* with w1/w3 and wq_a/wkv packed (no naming rule for that), and DeepSeek's "
+    "releases already store it FP8-block / MXFP4 under DeepseekV4FP8Config, which mtpconv reads as a variant",
+    "KimiK3MTPModel": _LOOKED
+    + _VLLM_PKG
+    + "kimi_k3/nvidia/mtp.py: its MLA packs q_a_proj + kv_a_proj_with_mqa + g_proj into "
+    "fused_qkv_a_g_proj, its latent MoE has w1/w2/w3 experts plus routed_expert_up/down_proj and "
+    "quant_config=None residual projections; mtpconv has no linear names or packing for these yet",
+    "MiniMaxM3MTP": _LOOKED
+    + _VLLM_PKG
+    + "minimax_m3/nvidia/mtp.py names the drafter model.layers.{i}.* (the checkpoint's "
+    "model.mtp.layers.{i}[.transformer_layer].* with mtp. dropped): the same names as the target's first "
+    "layers in the one quant config both read, so an FP8 declaration of the drafter would re-declare "
+    "target layer i; no per-module FP8 variant is possible",
+    "HYV4MTPModel": _LOOKED
+    + _VLLM_PKG
+    + "hy_v4/nvidia/mtp.py builds the drafter's quant config from config.json's mtp_quant_algo "
+    "(FP8: its own Fp8Config over the checkpoint's scales; absent: the backbone's), not from a "
+    "per-module declaration, and its decoder layer carries hyper-connection (hc_attn_layer / "
+    "hc_mlp_layer) modules and names like self_attn.linear_gate that no row describes yet",
+    "InklingMTPModel": "its MTP weights ship in a separate mtp.safetensors loaded as an EAGLE-style "
+    "draft (" + _VLLM_PKG + "inkling/nvidia/mtp.py), not as layers of the target checkpoint",
+    "Gemma4MTPModel": "the drafter is a separate assistant checkpoint (gemma4_assistant, "
+    + _VLLM
+    + "gemma4_mtp.py), not MTP layers of the target: there is no drafter inside the target to convert",
+}
