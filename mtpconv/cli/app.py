@@ -141,10 +141,7 @@ def inspect_cmd(
     from mtpconv.commands.inspect import inspect_checkpoint
 
     report = inspect_checkpoint(source, revision=revision, draft_vocab_size=draft_vocab_size)
-    if as_json:
-        render.render_json(report)
-    else:
-        render.render_inspect(report)
+    render.show(report, render.render_inspect, as_json=as_json)
     if report.layout_error is not None:  # the report is printed; the drafter's family is unknown
         from mtpconv.errors import UnknownFamilyError
 
@@ -213,10 +210,7 @@ def verify_cmd(
 
     with console.byte_progress() as progress:
         report = verify_variant(directory, full=full, progress=progress)
-    if as_json:
-        render.render_json(report)
-    else:
-        render.render_verify(report)
+    render.show(report, render.render_verify, as_json=as_json)
     if not report.ok:
         if as_json:
             console.error(render.verify_failure(report))
@@ -258,10 +252,7 @@ def quantize_mtp_cmd(
             draft_window=draft_window,
             progress=progress,
         )
-    if as_json:
-        render.render_json(report)
-    else:
-        render.render_conversion(report)
+    render.show(report, render.render_conversion, as_json=as_json)
 
 
 @app.command("set-draft-window")
@@ -283,10 +274,7 @@ def set_draft_window_cmd(
     from mtpconv.commands.set_draft_window import set_draft_window
 
     report = set_draft_window(directory, None if clear or not window else window)
-    if as_json:
-        render.render_json(report)
-    else:
-        render.render_draft_window(report)
+    render.show(report, render.render_draft_window, as_json=as_json)
 
 
 @app.command("fix-exclusions")
@@ -323,10 +311,7 @@ def fix_exclusions_cmd(
         copy=copy,
         dry_run=dry_run,
     )
-    if as_json:
-        render.render_json(report)
-    else:
-        render.render_fix(report)
+    render.show(report, render.render_fix, as_json=as_json)
 
 
 @app.command("build-draft-vocab")
@@ -384,7 +369,4 @@ def build_draft_vocab_cmd(
             generated_weight=generated_weight,
             generation_progress=progress if generate is not None else None,
         )
-    if as_json:
-        render.render_json(report)
-    else:
-        render.render_draft_vocab(report)
+    render.show(report, render.render_draft_vocab, as_json=as_json)

@@ -8,7 +8,8 @@ huggingface_hub) into CLI start-up.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
 from rich.markup import escape
@@ -29,6 +30,12 @@ if TYPE_CHECKING:
     from mtpconv.draft_vocab.report import DraftVocabReport
     from mtpconv.quantconfig.stock_view import StockView
 
+_Report = TypeVar(
+    "_Report",
+    bound="InspectReport | ConversionReport | FixReport | DraftVocabReport | DraftWindowReport"
+    " | VerifyReport",
+)
+
 _SEVERITY_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
 
@@ -42,6 +49,14 @@ def render_json(
 ) -> None:
     """A report as one JSON document on stdout (``--json``)."""
     console.emit_json(report.to_dict())
+
+
+def show(report: _Report, human: Callable[[_Report], None], *, as_json: bool) -> None:
+    """``report`` as the command's ``--json`` switch asks: one JSON document, or ``human``."""
+    if as_json:
+        render_json(report)
+    else:
+        human(report)
 
 
 def render_inspect(r: InspectReport) -> None:
