@@ -174,10 +174,8 @@ class ShardJob:
                     assert t.source is not None and stream is not None
                     info = self.reader.info(t.source)
                     _put(to_math, ("bytes", t.spec.name, info.nbytes, b"", True, None), failed)
-                    at = info.start
-                    for chunk in stream.chunks(info):
-                        span = (at, at + len(chunk))
-                        at = span[1]
+                    for start, chunk in stream.chunks(info):
+                        span = (start, start + len(chunk))
                         _put(to_math, ("bytes", t.spec.name, info.nbytes, chunk, False, span), failed)
                 else:
                     _put(to_math, self._read(stream, shard.file, t), failed)

@@ -116,14 +116,15 @@ class ShardStream:
         self._consumed(span, info.end)
         return span
 
-    def chunks(self, info: TensorInfo) -> Iterator[memoryview]:
-        """The raw bytes of ``info`` in views of at most 64 MiB (a verbatim copy)."""
+    def chunks(self, info: TensorInfo) -> Iterator[tuple[int, memoryview]]:
+        """The raw bytes of ``info`` in views of at most 64 MiB (a verbatim copy), each
+        with its offset in the file (for :meth:`release`)."""
         span = self._span(info)
         self._seek(info.start)
         for lo in range(0, info.nbytes, _STREAM_CHUNK):
             chunk = span[lo : lo + _STREAM_CHUNK]
             self._consumed(chunk, info.start + lo + len(chunk))
-            yield chunk
+            yield info.start + lo, chunk
 
     def _consumed(self, data: memoryview, end: int) -> None:
         if self._sha is not None:

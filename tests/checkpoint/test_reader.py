@@ -86,7 +86,8 @@ def test_stream_views_hash_and_release(tmp_path: Path) -> None:
     t = tensor_from_bytes(first, infos[0])
     t.mul_(2)  # a private mapping: writing a view never reaches the file
     chunks = list(stream.chunks(infos[1]))
-    assert b"".join(bytes(c) for c in chunks) == before[infos[1].start : infos[1].end]
+    assert b"".join(bytes(c) for _, c in chunks) == before[infos[1].start : infos[1].end]
+    assert all(before[at : at + len(c)] == bytes(c) for at, c in chunks)  # the offsets are the file's
     kept = stream.read(infos[2])
     assert stream.finish() == hashlib.sha256(before).hexdigest()
     assert bytes(kept) == before[infos[2].start : infos[2].end]  # still valid after close
