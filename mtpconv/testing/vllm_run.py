@@ -8,7 +8,10 @@ model runner, then shuts it down and returns a plain :class:`Run` record.
 from __future__ import annotations
 
 import gc
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -190,3 +193,26 @@ def run(
 def planted_continuation(prompt: list[int], vocab: int = 512, n: int = MAX_TOKENS) -> list[int]:
     """What the planted model must generate: ``last + 1, last + 2, ...`` (mod vocab)."""
     return [(prompt[-1] + i) % vocab for i in range(1, n + 1)]
+
+
+RESULT_PREFIX = "RESULT "  # the line a script run by run_script_without_plugin prints its JSON on
+
+
+def run_script_without_plugin(
+    script: str, model: Path, *, timeout: int = 500
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+    """Run ``python -c script model`` in a fresh process whose vLLM loads no plugin
+    (``VLLM_PLUGINS=none``): the finished process and the JSON of its last
+    ``RESULT <json>`` line (None when it printed none)."""
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, VLLM_PLUGINS="none", PYTHONPATH=str(repo))
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(model)],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+    return proc, (dict(json.loads(lines[-1][len(RESULT_PREFIX) :])) if lines else None)

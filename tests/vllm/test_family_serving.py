@@ -11,19 +11,21 @@ the same holds. Acceptance is read from vLLM's spec-decode counters.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mtpconv.testing.vllm_run import PROMPTS, Run, describe_plain_and_target, planted_continuation, run
+from mtpconv.testing.vllm_run import (
+    PROMPTS,
+    Run,
+    describe_plain_and_target,
+    planted_continuation,
+    run,
+    run_script_without_plugin,
+)
 
-REPO = Path(__file__).resolve().parents[2]
 FP8 = "torch.float8_e4m3fn"
 BF16 = "torch.bfloat16"
 MIMO_MTP = "vllm.model_executor.models.mimo_mtp.MiMoMTP"
@@ -52,18 +54,9 @@ _STOCK = textwrap.dedent("""
 
 def _stock(model: Path) -> dict[str, Any]:
     """Serve ``model`` with MTP in a fresh process whose vLLM loads no plugin."""
-    env = dict(os.environ, VLLM_PLUGINS="none", PYTHONPATH=str(REPO))
-    proc = subprocess.run(
-        [sys.executable, "-c", _STOCK, str(model)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=500,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return dict(json.loads(lines[-1][len("RESULT ") :]))
+    proc, result = run_script_without_plugin(_STOCK, model)
+    assert proc.returncode == 0 and result is not None, proc.stderr[-3000:]
+    return result
 
 
 @pytest.fixture(scope="module")

@@ -6,19 +6,15 @@ included, so nothing this test session registered leaks in (DESIGN §5).
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mtpconv.testing.vllm_run import PROMPTS, planted_continuation
+from mtpconv.testing.vllm_run import PROMPTS, planted_continuation, run_script_without_plugin
 
-REPO = Path(__file__).resolve().parents[2]
 FP8 = "torch.float8_e4m3fn"
 
 _SCRIPT = textwrap.dedent("""
@@ -43,17 +39,7 @@ def _has_amx() -> bool:
 
 
 def _stock(model: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
-    env = dict(os.environ, VLLM_PLUGINS="none", PYTHONPATH=str(REPO))
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(model)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=500,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    return proc, (json.loads(lines[-1][len("RESULT ") :]) if lines else None)
+    return run_script_without_plugin(_SCRIPT, model)
 
 
 @pytest.fixture(scope="module")
