@@ -139,11 +139,16 @@ class ShardJob:
         self._loaded: set[str] = set()  # modules whose source weight the reader has sent
 
     def run(
-        self, files: CheckpointFiles, shard: ShardPlan, out: Path, known_source: str | None = None
+        self,
+        files: CheckpointFiles,
+        shard: ShardPlan,
+        out: Path,
+        known_source: str | Callable[[], str] | None = None,
     ) -> tuple[str, str]:
         """Write ``shard`` to ``out``; return the sha256 of the file written and of the source shard.
 
-        ``known_source``: the source shard's digest when already known (then it is not hashed).
+        ``known_source``: the source shard's digest when already known, or a function that
+        returns it once the shard is written (then the conversion's reads do not hash it).
         """
         # A file of the variant's own (the draft head) has no source shard to stream.
         source = files.shards.get(shard.file)

@@ -9,14 +9,15 @@ checked against the plan. The source is only read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from mtpconv.checkpoint.digests import known_lfs_digest, sha256_file
+from mtpconv.checkpoint.digests import HashAhead, known_lfs_digest, sha256_file
 from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles, load_checkpoint_files
 from mtpconv.checkpoint.reader import ShardReader
 from mtpconv.checkpoint.source import Source
@@ -63,6 +64,8 @@ class VariantInputs:
     vocab_meta: Mapping[str, Any] = field(default_factory=dict)  # the ids file's sidecar
     draft_window: int | None = None  # the drafter's attention window, checked by the caller
     progress: Progress | None = None
+    # digests of source shards being computed ahead of their rewrite (quantize-mtp starts it)
+    source_hashes: HashAhead | None = None
 
 
 @dataclass(frozen=True)
@@ -172,8 +175,13 @@ def _write_weights(directory: Path, inputs: VariantInputs) -> _Weights:
                 linked = files.shard_tensors(shard.file)
                 out.index.add(shard.file, ((n, t.nbytes) for n, t in linked.items()))
                 continue
-            known = known_lfs_digest(root / shard.file, root) if shard.indexed else None
-            written, read = job.run(files, shard, directory / shard.file, known)
+            source_digest: str | Callable[[], str] | None = None
+            if shard.indexed:
+                source_digest = known_lfs_digest(root / shard.file, root)
+                ahead, path = inputs.source_hashes, root / shard.file
+                if source_digest is None and ahead is not None and path in ahead:
+                    source_digest = functools.partial(ahead.digest, path)
+            written, read = job.run(files, shard, directory / shard.file, source_digest)
             out.digests[shard.file] = written
             if shard.indexed:
                 out.source_digests[shard.file] = read

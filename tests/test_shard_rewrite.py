@@ -39,7 +39,7 @@ def test_each_written_file_is_fsynced_once(
     assert dict(by_final) == {n: 1 for n in written}
     manifest = read_manifest(tmp_path / "v")
     assert manifest is not None
-    for shard in plan.rewritten:  # hashed by the pipeline's own reads
+    for shard in plan.rewritten:  # hashed ahead, while torch loads
         assert (
             manifest.source["files"][shard.file]
             == hashlib.sha256((src / shard.file).read_bytes()).hexdigest()

@@ -10,19 +10,83 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 _HASH_CHUNK = 8 << 20
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file, read in 8 MiB chunks."""
+def sha256_file(path: str | os.PathLike[str], stop: threading.Event | None = None) -> str:
+    """Hex sha256 of a file, read in 8 MiB chunks (``stop`` set: :class:`HashCancelled`)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_HASH_CHUNK):
+            if stop is not None and stop.is_set():
+                raise HashCancelled(path)
             h.update(chunk)
     return h.hexdigest()
+
+
+class HashCancelled(Exception):
+    """A background hash was stopped before it finished (the conversion ended first)."""
+
+
+class HashAhead:
+    """sha256 of some files, computed in a background thread while the caller does other work.
+
+    ``quantize-mtp`` starts one for the source shards it will rewrite before it imports
+    torch (a second or more of one core's time on start-up): the shards' digests are
+    then ready, or nearly, when the conversion reads them, instead of being computed by
+    the conversion's own reads on cores its FP8 math needs. Both hashing and reading go
+    through the page cache, so the shard comes from the disk once.
+    """
+
+    def __init__(self, paths: Iterable[Path]) -> None:
+        self._paths = list(paths)
+        self._done: dict[Path, str | BaseException] = {}
+        self._ready = threading.Condition()
+        self._stop = threading.Event()
+        self._finished = False
+        self._thread = threading.Thread(target=self._run, name="mtpconv-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for path in self._paths:
+                try:
+                    result: str | BaseException = sha256_file(path, self._stop)
+                except HashCancelled:
+                    return
+                except OSError as exc:  # reported to whoever asks for this file's digest
+                    result = exc
+                with self._ready:
+                    self._done[path] = result
+                    self._ready.notify_all()
+        finally:
+            with self._ready:
+                self._finished = True
+                self._ready.notify_all()
+
+    def __contains__(self, path: Path) -> bool:
+        return path in self._paths
+
+    def digest(self, path: Path) -> str:
+        """The sha256 of ``path`` (one of the files given), waiting for it when not yet done."""
+        if path not in self._paths:
+            raise KeyError(path)
+        with self._ready:
+            self._ready.wait_for(lambda: path in self._done or self._finished)
+            result = self._done.get(path, HashCancelled(path))
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def cancel(self) -> None:
+        """Stop hashing (between two chunks) and wait for the thread; idempotent."""
+        self._stop.set()
+        self._thread.join()
 
 
 def known_lfs_digest(path: Path, root: Path) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, BinaryIO
@@ -76,7 +76,8 @@ class ShardStream:
     orders them so), so the sha256 of the source shard comes from the very reads
     the conversion makes. A read before the current position (a scale stored
     ahead of its weight) is served too; the digest is then computed by a second
-    pass in :meth:`finish`. With ``known_digest`` nothing is hashed.
+    pass in :meth:`finish`. With ``known_digest`` (the digest, or a function that
+    returns it when :meth:`finish` asks, e.g. a :class:`HashAhead`'s) nothing is hashed.
 
     The file is mapped privately (copy-on-write, never written back): a tensor is a
     view of the page cache, not a copy in fresh memory, and :meth:`release` drops the
@@ -84,7 +85,7 @@ class ShardStream:
     process's memory with the shard. A released page read again is simply read again.
     """
 
-    def __init__(self, path: Path, known_digest: str | None = None) -> None:
+    def __init__(self, path: Path, known_digest: str | Callable[[], str] | None = None) -> None:
         self.path = path
         self._f: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in finish()/close()
         size = os.fstat(self._f.fileno()).st_size
@@ -142,7 +143,7 @@ class ShardStream:
         """The sha256 of the whole shard (the rest of the file is hashed to end it)."""
         try:
             if self._known is not None:
-                return self._known
+                return self._known if isinstance(self._known, str) else self._known()
             if self._sha is None:
                 return sha256_file(self.path)
             self._sha.update(self._view[self._pos :])

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mtpconv.checkpoint.digests import sha256_file
+from mtpconv.checkpoint.digests import HashAhead, known_lfs_digest, sha256_file
 from mtpconv.checkpoint.index import CheckpointFiles
 from mtpconv.checkpoint.source import (
     Source,
@@ -162,6 +162,17 @@ def _draft_ids(draft_vocab: str | os.PathLike[str], layout: MtpLayout) -> tuple[
     return ids, vocab_meta
 
 
+def _shards_to_hash(files: CheckpointFiles, plan: ConversionPlan) -> list[Path]:
+    """The source shards the variant rewrites whose sha256 nobody has recorded yet (for the
+    manifest's ``source.files``): hashing them needs no torch, so it starts before torch loads."""
+    root = files.directory
+    return [
+        root / s.file
+        for s in plan.rewritten
+        if s.indexed and s.file in files.shards and known_lfs_digest(root / s.file, root) is None
+    ]
+
+
 def quantize_mtp(
     source_spec: str,
     dst: str | os.PathLike[str],
@@ -182,8 +193,7 @@ def quantize_mtp(
     manifest; it must be below the model's max context.
     """
     started = time.monotonic()
-    # A dry run reads headers only, so it does not import torch to resolve "auto".
-    dev = _device_choice(device).value if dry_run else pick_device(device)
+    _device_choice(device)  # a bad value fails before anything is read
     source, files, configs, layout = _load(source_spec, revision, headers_only=dry_run)
     if draft_window is not None:
         check_draft_window(draft_window, configs.config, str(configs.config_path or source_spec))
@@ -204,35 +214,41 @@ def quantize_mtp(
         destination=str(dst_path),
         plan=plan,
         dry_run=dry_run,
-        device=str(dev),
+        device=_device_choice(device).value,
         draft_vocab_size=None if ids is None else int(ids.numel()),
         declaration=declaration,
         draft_window=draft_window,
     )
-    if dry_run:
+    if dry_run:  # headers only: torch is never imported
         return report
-    from mtpconv.variant import VariantInputs, write_variant
+    hashes = HashAhead(_shards_to_hash(files, plan))  # on another core while torch loads
+    try:
+        dev = pick_device(device)
+        from mtpconv.variant import VariantInputs, write_variant
 
-    assert not isinstance(dev, str)
-    inputs = VariantInputs(
-        source=source,
-        files=files,
-        plan=plan,
-        config=new_config,
-        hf_quant_config=new_hf_quant,
-        declaration=declaration,
-        device=dev,
-        copy=copy,
-        draft_ids=ids,
-        draft_ids_file=None if draft_vocab is None else Path(draft_vocab),
-        vocab_meta=vocab_meta,
-        draft_window=draft_window,
-        progress=progress,
-    )
-    with interruptible(dst_path), atomic_output_dir(dst_path, force=force) as tmp:
-        written = write_variant(tmp, inputs)
+        inputs = VariantInputs(
+            source=source,
+            files=files,
+            plan=plan,
+            config=new_config,
+            hf_quant_config=new_hf_quant,
+            declaration=declaration,
+            device=dev,
+            copy=copy,
+            draft_ids=ids,
+            draft_ids_file=None if draft_vocab is None else Path(draft_vocab),
+            vocab_meta=vocab_meta,
+            draft_window=draft_window,
+            progress=progress,
+            source_hashes=hashes,
+        )
+        with interruptible(dst_path), atomic_output_dir(dst_path, force=force) as tmp:
+            written = write_variant(tmp, inputs)
+    finally:
+        hashes.cancel()  # a failed conversion leaves no hashing behind
     return replace(
         report,
+        device=str(dev),
         errors=written.errors,
         linked=written.linked,
         copied=written.copied,
