@@ -27,15 +27,18 @@ def no_duplicate_keys(where: object, error: type[MtpconvError]) -> Callable[[lis
     """A ``json`` ``object_pairs_hook`` that refuses a repeated key with one ``error`` sentence."""
 
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
+        out = dict(pairs)
+        if len(out) == len(pairs):
+            return out
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
                 raise error(
                     f"{where} lists {key!r} twice (a duplicate key); the file is corrupt. "
                     "Restore or re-export it."
                 )
-            out[key] = value
-        return out
+            seen.add(key)
+        raise AssertionError("unreachable: a shorter dict has a repeated key")
 
     return hook
 

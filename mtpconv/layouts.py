@@ -158,12 +158,16 @@ def _int(cfg: Mapping[str, Any], *keys: str) -> int | None:
     return None
 
 
+_PARAM_LEAVES = frozenset(
+    s.lstrip(".")
+    for s in (".weight", ".weight_scale", ".weight_scale_2", ".input_scale", ".bias", *_CT_SUFFIXES)
+)
+
+
 def module_of(tensor: str) -> str:
     """``a.b.weight`` -> ``a.b``; fused-expert tensors have no suffix to strip."""
-    for suffix in (".weight", ".weight_scale", ".weight_scale_2", ".input_scale", ".bias", *_CT_SUFFIXES):
-        if tensor.endswith(suffix):
-            return tensor[: -len(suffix)]
-    return tensor
+    module, dot, leaf = tensor.rpartition(".")
+    return module if dot and leaf in _PARAM_LEAVES else tensor
 
 
 def classify_weight(name: str, tensors: Mapping[str, TensorInfo]) -> tuple[str, tuple[str, ...]]:

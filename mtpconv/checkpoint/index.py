@@ -16,6 +16,7 @@ from typing import Any
 
 from mtpconv.checkpoint.safetensors_io import SafetensorsHeader, TensorInfo, read_header
 from mtpconv.errors import CheckpointFormatError, SourceError
+from mtpconv.gc_pause import paused_gc
 from mtpconv.jsonio import dumps_json, read_json
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -113,7 +114,11 @@ def load_checkpoint_files(
     ``link_root`` widens where shard symlinks may point (the Hugging Face cache
     keeps snapshot files as links into its blob store).
     """
-    directory = Path(directory)
+    with paused_gc():  # ~1M long-lived objects for a large checkpoint (mtpconv.gc_pause)
+        return _load_checkpoint_files(Path(directory), link_root)
+
+
+def _load_checkpoint_files(directory: Path, link_root: Path | None) -> CheckpointFiles:
     if not directory.is_dir():
         raise SourceError(f"{directory} is not a directory.")
     index_path = directory / INDEX_NAME

@@ -8,8 +8,9 @@ huggingface_hub) into CLI start-up.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.markup import escape
@@ -22,7 +23,7 @@ from mtpconv.units import human_bytes
 
 if TYPE_CHECKING:
     from mtpconv.commands.fix_exclusions import FixReport
-    from mtpconv.commands.inspect import InspectReport
+    from mtpconv.commands.inspect import InspectReport, TensorRow
     from mtpconv.commands.publish import PublishPlan, PublishResult
     from mtpconv.commands.quantize_mtp import ConversionReport
     from mtpconv.commands.set_draft_window import DraftWindowReport
@@ -93,10 +94,11 @@ def render_inspect(r: InspectReport) -> None:
         t = Table(title="Drafter tensors", title_justify="left")
         for col in ("tensor", "dtype", "shape", "stored", "role", "declared"):
             t.add_column(col)
-        for row in r.drafter:
+        t.add_column("n", justify="right")
+        for name, row, count in _expert_groups(r.drafter):
             shown = row.declared or ("unquantized" if row.role in ("linear", "head") else "")
             shape = "x".join(map(str, row.shape)) or "scalar"
-            t.add_row(row.name, row.dtype, shape, row.format, row.role, shown)
+            t.add_row(name, row.dtype, shape, row.format, row.role, shown, str(count))
         c.print(t)
 
     if r.cost is not None:
@@ -127,6 +129,24 @@ def render_inspect(r: InspectReport) -> None:
         c.print(t)
     else:
         c.print("[green]No findings: the quant config matches the stored tensors.[/green]")
+
+
+_EXPERT_INDEX = re.compile(r"\.experts\.\d+\.")
+
+
+def _expert_groups(rows: list[TensorRow]) -> list[tuple[str, TensorRow, int]]:
+    """The drafter's tensors with routed experts folded: one ``experts.*`` row per tensor
+    kind that every expert stores alike, with how many there are (a 512-expert drafter is
+    a few rows, not 1,500; ``--json`` lists each tensor)."""
+    groups: dict[tuple[object, ...], list[Any]] = {}
+    for row in rows:
+        name = _EXPERT_INDEX.sub(".experts.*.", row.name)
+        key = (name, row.dtype, row.shape, row.format, row.role, row.declared)
+        if key in groups:
+            groups[key][2] += 1
+        else:
+            groups[key] = [name, row, 1]
+    return [(name, row, count) for name, row, count in groups.values()]
 
 
 def _render_stock_view(v: StockView) -> None:

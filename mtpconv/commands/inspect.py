@@ -6,6 +6,7 @@ is inspected remotely through range requests).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from mtpconv.checkpoint.source import resolve_source as _resolve_local
 from mtpconv.draft_cost import DraftCost, draft_cost
 from mtpconv.errors import UnknownFamilyError
 from mtpconv.findings import Finding, Severity
+from mtpconv.gc_pause import paused_gc
 from mtpconv.layouts import MtpLayout, classify_weight, detect_layout, linear_modules, module_of
 from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, Manifest, read_manifest
 from mtpconv.quantconfig.audit import audit_quant_configs
@@ -91,10 +93,10 @@ class InspectReport:
         }
 
 
-def _role(name: str, fmt: str, layout: MtpLayout) -> str:
+def _role(name: str, fmt: str, linear_weights: Collection[str]) -> str:
     if fmt == "scale":
         return "scale"
-    if any(lin.weight == name for lin in layout.linears):
+    if name in linear_weights:
         return "linear"
     last = module_of(name).rsplit(".", 1)[-1]
     if "norm" in last:
@@ -110,6 +112,7 @@ def _role(name: str, fmt: str, layout: MtpLayout) -> str:
 
 def _rows(layout: MtpLayout, files: CheckpointFiles, configs: QuantConfigs) -> list[TensorRow]:
     decl = declared_quant(configs)
+    linear_weights = {lin.weight for lin in layout.linears}
     rows = []
     for name in layout.drafter_tensors:
         info = files.tensors[name]
@@ -117,7 +120,7 @@ def _rows(layout: MtpLayout, files: CheckpointFiles, configs: QuantConfigs) -> l
             fmt = "scale"
         else:
             fmt, _ = classify_weight(name, files.tensors)
-        role = _role(name, fmt, layout)
+        role = _role(name, fmt, linear_weights)
         declared = declared_algorithm(decl, module_of(name)) if role in ("linear", "head") else None
         rows.append(TensorRow(name, info.dtype, info.shape, fmt, role, declared))
     return rows
@@ -239,6 +242,11 @@ def inspect_checkpoint(
     spec: str, *, revision: str | None = None, draft_vocab_size: int = 32768
 ) -> InspectReport:
     """Build the inspect report for a local directory or a Hub repo id (headers only)."""
+    with paused_gc():  # millions of acyclic records for a large checkpoint (mtpconv.gc_pause)
+        return _inspect(spec, revision, draft_vocab_size)
+
+
+def _inspect(spec: str, revision: str | None, draft_vocab_size: int) -> InspectReport:
     source: Source
     if looks_like_repo_id(spec):
         source, files = remote_checkpoint(spec, revision)

@@ -107,3 +107,24 @@ def test_stock_view_is_one_row_per_reason(capsys: pytest.CaptureFixture[str]) ->
     assert "8 modules: mtp.layers.0.mlp.experts.down_proj" in out and "experts.down_proj, ..." not in out
     assert "mtp.eh_proj" in out and "1 modules" not in out
     assert "mtp.layers.4" not in out  # the full list is --json's
+
+
+def test_inspect_table_folds_routed_experts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mtpconv.commands.inspect import inspect_checkpoint
+    from mtpconv.testing.checkpoints import Spec, write_checkpoint
+
+    write_checkpoint(tmp_path, Spec(family="qwen3_5_moe", experts=8))
+    report = inspect_checkpoint(str(tmp_path))
+    expert_rows = [r for r in report.drafter if ".experts." in r.name]
+    assert len(expert_rows) == 8 * 3  # --json and the report keep every tensor
+    console_width = render.out_console.width
+    render.out_console.width = 200  # room for the full names
+    try:
+        render.render_inspect(report)
+    finally:
+        render.out_console.width = console_width
+    out = capsys.readouterr().out
+    tensor_table = out.split("Drafter tensors")[1].split("Drafter bytes")[0]
+    folded = [line for line in tensor_table.splitlines() if "mtp.layers.0.mlp.experts.*." in line]
+    assert len(folded) == 3 and all(line.rstrip(" │").endswith(" 8") for line in folded)
+    assert "experts.3." not in tensor_table
