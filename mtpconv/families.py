@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mtpconv.family_kimi_k3 import KIMI_K3
+
 # the row type and its vocabularies live in family_types; re-exported for the callers
 from mtpconv.family_types import ATTN_NO_QUANT, NN_LINEAR, NO_QUANT
 from mtpconv.family_types import STEP_MODULES as STEP_MODULES
@@ -324,6 +326,7 @@ FAMILIES: tuple[Family, ...] = (
         draft_vocab=True,
         fp8=("fc", "attention and MLP linears"),
     ),
+    KIMI_K3,
 )
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}

@@ -20,9 +20,8 @@ from mtpconv.families import LAYER_KEYS, DrafterAt, Family, find_family
 from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.names import strip_text_prefix
 
-# Last name component of 2-D modules vLLM never quantizes (lookups, routers), and of
-# those we keep out of the drafter's FP8 linears too (heads: the draft head is separate).
-# ("embeddings": Nemotron-H's name for embed_tokens.)
+# Last name component of 2-D modules vLLM never quantizes (lookups, routers; "embeddings": Nemotron-H's
+# embed_tokens), and of those we keep out of the FP8 linears too (heads: the draft head is separate).
 _NEVER_QUANTIZED = frozenset(
     {"embed_tokens", "embeddings", "gate", "shared_expert_gate", "e_score_correction_bias"}
 )
@@ -31,6 +30,7 @@ _NOT_LINEAR = _NEVER_QUANTIZED | {"head", "lm_head", "draft_lm_head"}
 # ``dense``: Bailing-V3's attention output projection
 _LINEAR_NAME = re.compile(r"(_proj|_proj_with_mqa|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_proj|^dense)$")
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
+_EXPERT_W = re.compile(r"\.experts\.\d+\.w[123]$")  # per-expert w1/w2/w3 (Kimi-K3)
 _LAYER_RE = {
     DrafterAt.MTP: re.compile(r"mtp\.layers\.(\d+)\."),
     DrafterAt.MODEL_MTP: re.compile(r"model\.mtp\.layers\.(\d+)\."),
@@ -205,16 +205,13 @@ def classify_weight(name: str, tensors: Mapping[str, TensorInfo]) -> tuple[str, 
 def _is_linear_weight(name: str, info: TensorInfo) -> bool:
     if _FUSED_EXPERTS.search(name):
         return len(info.shape) == 3
-    if not name.endswith(".weight") or len(info.shape) != 2:
-        return False
-    last = module_of(name).rsplit(".", 1)[-1]
-    return last not in _NOT_LINEAR and bool(_LINEAR_NAME.search(last))
+    return name.endswith(".weight") and len(info.shape) == 2 and is_linear_module(module_of(name))
 
 
 def is_linear_module(module: str) -> bool:
     """Whether a drafter module's name is one of the linears quantize-mtp makes FP8 (by name
     alone: callers without tensor headers; `detect_layout` also checks the shapes)."""
-    if _FUSED_EXPERTS.search(module):
+    if _FUSED_EXPERTS.search(module) or _EXPERT_W.search(module):
         return True
     last = module.rsplit(".", 1)[-1]
     return last not in _NOT_LINEAR and bool(_LINEAR_NAME.search(last))
@@ -294,7 +291,7 @@ def detect_layout(
         hidden_size=_int(tcfg, "hidden_size"),
         vocab_size=vocab_size_of(config),
         num_experts=_int(tcfg, "num_experts", "n_routed_experts"),
-        experts_per_token=_int(tcfg, "num_experts_per_tok"),
+        experts_per_token=_int(tcfg, "num_experts_per_tok", "num_experts_per_token"),
         kept_bf16=kept,
     )
 
@@ -313,9 +310,9 @@ def _prefixes(row: Family, names: list[str], n_layers: int | None, declared: int
     layered = _layers_after_target(names, n_layers)
     start = n_layers or 0
     count = declared if declared is not None else len(layered)
-    # a VLM keeps its text layers, the drafter's included, under model.language_model (GLM-OCR)
-    vlm = any(n.startswith("model.language_model.layers.") for n in names)
-    base = "model.language_model." if vlm else "model."
+    # a VLM keeps its text layers, the drafter's included, under its text prefix (GLM-OCR, Kimi-K3)
+    vlm = ("model.language_model.", "language_model.model.")
+    base = next((b for b in vlm if any(n.startswith(b + "layers.") for n in names)), "model.")
     return tuple(f"{base}layers.{start + i}." for i in range(count))
 
 
@@ -358,9 +355,8 @@ def _layers_after_target(names: list[str], n_layers: int | None, *, any_module: 
     ``eh_proj`` (any tensor)."""
     if n_layers is None:
         return []
-    pattern = re.compile(
-        r"model\.(?:language_model\.)?layers\.(\d+)\." + ("" if any_module else r"eh_proj\.")
-    )
+    tail = "" if any_module else r"eh_proj\."
+    pattern = re.compile(r"(?:language_model\.)?model\.(?:language_model\.)?layers\.(\d+)\." + tail)
     found = {int(m.group(1)) for n in names if (m := pattern.match(n))}
     return sorted(i for i in found if i >= n_layers)
 
@@ -382,6 +378,13 @@ def _drafter_linears(drafter: list[str], tensors: Mapping[str, TensorInfo]) -> l
     for name in drafter:
         info = tensors[name]
         stored, aux = classify_weight(name, tensors)
+        if stored == "nvfp4" and tensors[aux[0]].dtype == "U8":  # NVFP4 scales are F8_E4M3: MXFP4
+            if name.endswith(".weight_scale"):
+                continue  # the U8 (E8M0) scale itself: its packed weight raises
+            raise LayoutError(
+                f"{name}: an MXFP4 drafter weight (U8 E8M0 weight_scale); mtpconv converts BF16 and "
+                "NVFP4 drafters only: convert the BF16 release (or dequantize the drafter first)."
+            )
         if stored == "nvfp4":
             if not name.endswith((".weight", _CT_PACKED)) or len(info.shape) != 2:
                 raise LayoutError(

@@ -19,11 +19,6 @@ UNSUPPORTED: dict[str, str] = {
     "and w1/w2/w3 experts (mtpconv's linears are *_proj names), vLLM sees it as "
     "model.layers.{N + i}.* with w1/w3 and wq_a/wkv packed (no naming rule for that), and DeepSeek's "
     "releases already store it FP8-block / MXFP4 under DeepseekV4FP8Config, which mtpconv reads as a variant",
-    "KimiK3MTPModel": _LOOKED
-    + _VLLM_PKG
-    + "kimi_k3/nvidia/mtp.py: its MLA packs q_a_proj + kv_a_proj_with_mqa + g_proj into "
-    "fused_qkv_a_g_proj, its latent MoE has w1/w2/w3 experts plus routed_expert_up/down_proj and "
-    "quant_config=None residual projections; mtpconv has no linear names or packing for these yet",
     "MiniMaxM3MTP": _LOOKED
     + _VLLM_PKG
     + "minimax_m3/nvidia/mtp.py names the drafter model.layers.{i}.* (the checkpoint's "

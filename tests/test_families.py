@@ -24,7 +24,7 @@ from mtpconv.families import FAMILIES, UNSUPPORTED, readme_table
 from mtpconv.layouts import is_linear_module, linear_modules
 from mtpconv.quantconfig.match import ExclusionPattern
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
-from mtpconv.testing.family_checkpoints import BUILDERS, write_family_checkpoint
+from mtpconv.testing.family_checkpoints import BUILDERS, LAYERS, write_family_checkpoint
 from tests.helpers import raw_tensors, run_cli, tree_digest
 
 Writer = Callable[[Path], Path]
@@ -223,4 +223,41 @@ def test_an_unknown_mtp_family_is_one_clear_error_and_inspect_still_reports(
         assert part in err, part
     code, _, err = run_cli(["quantize-mtp", str(src), str(tmp_path / "dst")], capsys)
     assert code == 1 and "no mtpconv family row matches" in err
+    assert not (tmp_path / "dst").exists()
+
+
+def test_an_mxfp4_kimi_k3_drafter_is_refused_not_read_as_nvfp4(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Kimi-K3's loader reads compressed-tensors ``weight_packed`` experts (MXFP4: U8 E8M0
+    ``weight_scale``, no global scale). mtpconv must not read them as NVFP4: inspect and
+    quantize-mtp fail with one error naming the tensor and the format, writing nothing."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src = write_family_checkpoint(tmp_path / "src", "kimi_k3")
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    weight_map: dict[str, str] = {}
+    for file in sorted(set(index["weight_map"].values())):
+        stored = {}
+        for name, w in load_file(src / file).items():
+            if ".block_sparse_moe.experts." in name and f"layers.{LAYERS}." in name:
+                module = name.removesuffix(".weight")
+                stored[f"{module}.weight_packed"] = torch.zeros(
+                    w.shape[0], w.shape[1] // 2, dtype=torch.uint8
+                )
+                stored[f"{module}.weight_scale"] = torch.full(
+                    (w.shape[0], w.shape[1] // 32), 127, dtype=torch.uint8
+                )
+            else:
+                stored[name] = w
+        save_file(stored, src / file, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(stored, file))
+    index["weight_map"] = weight_map
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    packed = f"language_model.model.layers.{LAYERS}.block_sparse_moe.experts."  # one expert's weight_packed
+    for argv in (["inspect", str(src)], ["quantize-mtp", str(src), str(tmp_path / "dst")]):
+        code, _, err = run_cli(argv, capsys)
+        assert code == 1 and err.count("Error:") == 1, err
+        assert "MXFP4" in err and packed in err and ".weight_packed" in err, err
     assert not (tmp_path / "dst").exists()

@@ -96,7 +96,8 @@ def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
     puts the decoder block under ``model.layers.{k}.mtp_block``; LongCat-Flash names its
     ``model.mtp.layers.{i}`` block ``model.layers.{2 * num_layers + i}`` and its eh_proj ``eh_proj``
     (``num_layers``: `families.mtp_start_layer`); Bailing-V3 renames ``attention`` to ``self_attn``;
-    ERNIE-4.5 maps ``model.mtp_block.{i}`` to ``model.layers.{N + i}``.
+    ERNIE-4.5 maps ``model.mtp_block.{i}`` to ``model.layers.{N + i}``; GLM-OCR and Kimi-K3
+    drop their VLM's ``language_model.`` (Kimi-K3 builds its block with prefix ``model.layers.{N+i}``).
     """
     row = family_row(family)
     naming = row.vllm_names if row is not None else VllmNames.AS_STORED
@@ -121,6 +122,8 @@ def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
             return f"model.layers.{idx}.mtp_block.{rest}"
     if module.startswith("model.language_model.layers."):  # the MTP classes drop "language_model."
         return "model." + module[len("model.language_model.") :]
+    if module.startswith("language_model.model.layers."):  # Kimi-K3's loader strips "language_model."
+        return module[len("language_model.") :]
     return drafter_name(module)
 
 

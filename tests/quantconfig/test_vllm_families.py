@@ -33,7 +33,8 @@ for n in ("torchaudio", "torchcodec"):
 from vllm.model_executor.layers.quantization.modelopt import (
     LINEAR_ALGOS, ModelOptMixedPrecisionConfig, ModelOptNvFp4Config)
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
-          "fused_qkv_a_proj": ["q_a_proj", "kv_a_proj_with_mqa"]}
+          "fused_qkv_a_proj": ["q_a_proj", "kv_a_proj_with_mqa"],
+          "fused_qkv_a_g_proj": ["q_a_proj", "kv_a_proj_with_mqa", "g_proj"]}
 def load(qc):
     if qc is None:
         return None
@@ -56,13 +57,18 @@ json.dump(out, sys.stdout)
 
 _PACK = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj"}
 _PACK_MLA = {"q_a_proj": "fused_qkv_a_proj", "kv_a_proj_with_mqa": "fused_qkv_a_proj"}
+# Kimi-K3's MLA (mla.py, mla_use_output_gate): q_a + kv_a + g_proj are one fused_qkv_a_g_proj, the
+# name KimiLinearModel.packed_modules_mapping puts on the quant config its drafter shares
+_GATED_QKV_A = {"kimi_k3": ("q_a_proj", "kv_a_proj_with_mqa", "g_proj")}
 
 
-def vllm_layer(module: str, modules: set[str]) -> str:
+def vllm_layer(module: str, modules: set[str], family: str = "") -> str:
     """The layer name vLLM builds for a checkpoint module: experts fused, q/k/v and gate/up packed."""
     if ".experts." in module:
         return module.split(".experts.", 1)[0] + ".experts"
     base, _, leaf = module.rpartition(".")
+    if leaf in _GATED_QKV_A.get(family, ()):
+        return f"{base}.fused_qkv_a_g_proj"
     if leaf in _PACK:
         return f"{base}.{_PACK[leaf]}"
     if leaf in _PACK_MLA:
@@ -86,7 +92,7 @@ def _case(tmp: Path, name: str, quant: str) -> tuple[Any, Any, list[str], list[s
     targets = sorted(m for m in modules if not any(t.startswith(m + ".") for t in drafter_set))
     n = mtp_start_layer(name, json.loads((src / "config.json").read_text()))
     keys = {vllm_drafter_key(lin.module, name, n) for lin in report.plan.linears}
-    drafter = sorted({vllm_layer(k, keys) for k in keys})
+    drafter = sorted({vllm_layer(k, keys, name) for k in keys})
     return src_qc, var_qc, targets, drafter
 
 
@@ -118,3 +124,73 @@ def test_vllm_reads_every_family_drafter_as_fp8_and_the_target_as_before(tmp_pat
             else:
                 assert algo == "FP8_PER_CHANNEL_PER_TOKEN", f"{case}: {layer} -> {algo}"
                 assert algo in res["linear_algos"]
+
+
+_KIMI_K3_ORACLE = r"""
+import json, sys, types
+for n in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+    sys.modules[n] = types.ModuleType(n)
+for n in ("torchaudio", "torchcodec"):
+    sys.modules[n] = None
+from vllm.model_executor.layers.quantization.modelopt import ModelOptMixedPrecisionConfig
+from vllm.models.kimi_k3.nvidia.model import KimiLinearModel, get_spec_layer_idx_from_weight_name
+from vllm.models.kimi_k3.nvidia.mtp import KimiK3MTP
+from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
+text, modules, qc = json.load(sys.stdin)
+config = KimiLinearConfig(**text)
+packed = KimiLinearModel.packed_modules_mapping
+shard_of = {s: fused for fused, shards in packed.items() if fused != "in_proj_qkvgfab" for s in shards}
+if config.mla_use_output_gate:
+    shard_of.update({s: "fused_qkv_a_g_proj" for s in packed["fused_qkv_a_g_proj"]})
+c = ModelOptMixedPrecisionConfig.from_config(qc)
+c.packed_modules_mapping = dict(packed)  # what the target (SupportsQuant) puts on the shared config
+out = {}
+for module in modules:
+    # KimiK3MTP.load_weights: strip "language_model.", find the spec layer, rewrite the name
+    name = module.removeprefix("language_model.") + ".weight"
+    layer = get_spec_layer_idx_from_weight_name(config, name)
+    param = KimiK3MTP._rewrite_spec_layer_name(None, layer, name).removesuffix(".weight")
+    # the decoder block is KimiDecoderLayer(prefix="model.layers.{layer}"): mtp_block is a
+    # parameter-path segment, not part of the prefix its linears are built with
+    prefix = param.replace(f"model.layers.{layer}.mtp_block.", f"model.layers.{layer}.")
+    if ".experts." in prefix:
+        prefix = prefix.split(".experts.", 1)[0] + ".experts"
+    base, _, leaf = prefix.rpartition(".")
+    if leaf in shard_of:
+        prefix = f"{base}.{shard_of[leaf]}"
+    out[module] = [prefix, None if c.is_layer_excluded(prefix) else c._resolve_quant_algo(prefix)]
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.mark.vllm
+def test_kimi_k3_drafter_resolves_fp8_under_the_prefixes_vllm_builds(tmp_path: Path) -> None:
+    """Kimi-K3's names from vLLM's own loader code (not mtpconv's rule): each FP8 drafter
+    linear, renamed as ``KimiK3MTP.load_weights`` renames it and packed as the target's
+    ``packed_modules_mapping`` packs it, resolves to FP8 under the variant's config."""
+    pytest.importorskip("vllm")
+    src = write_family_checkpoint(tmp_path / "src", "kimi_k3")
+    report = quantize_mtp(str(src), tmp_path / "dst", device="cpu")
+    config = json.loads((tmp_path / "dst" / "config.json").read_text())
+    modules = sorted(lin.module for lin in report.plan.linears)
+    assert any(m.endswith(".w1") for m in modules) and any(m.endswith(".g_proj") for m in modules)
+    proc = subprocess.run(
+        [sys.executable, "-c", _KIMI_K3_ORACLE],
+        input=json.dumps([config["text_config"], modules, config["quantization_config"]]),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    keys = {vllm_drafter_key(m, "kimi_k3", 2) for m in modules}
+    for module, (prefix, algo) in got.items():
+        assert vllm_layer(vllm_drafter_key(module, "kimi_k3", 2), keys, "kimi_k3") == prefix, module
+        want = "FP8_PB_WO" if prefix.endswith(".experts") else "FP8_PER_CHANNEL_PER_TOKEN"
+        assert algo == want, f"{module} -> {prefix}: {algo}"
+    assert {p for p, _ in got.values()} >= {
+        "model.layers.2.self_attn.fused_qkv_a_g_proj",
+        "model.layers.2.block_sparse_moe.experts",
+        "model.layers.2.block_sparse_moe.routed_expert_up_proj",
+        "model.layers.2.block_sparse_moe.shared_experts.gate_up_proj",
+    }
