@@ -28,6 +28,7 @@ _MLA_FP8 = ("MLA q_a/q_b/kv_a/kv_b/o", "routed experts (blocks)", "shared expert
 _DS_PLAIN = (("eh_proj", NN_LINEAR),)
 _DSA_PLAIN = (("eh_proj", NN_LINEAR), ("weights_proj", NO_QUANT), ("wk", NO_QUANT))
 _MLA_LEAVES = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "wq_b")
+_V4_FP8 = ("e_proj, h_proj", "attention wq_a/wkv/wq_b/wo_a/wo_b", "routed experts (blocks)", "shared experts")
 
 # Detection order: the first row whose model_type / architecture matches, else the first
 # whose marker does. Rows are ordered so that a marker never steals another family's checkpoint.
@@ -323,6 +324,18 @@ FAMILIES: tuple[Family, ...] = (
         ships_nvfp4=True,
         draft_vocab=True,
         fp8=("fc", "attention and MLP linears"),
+    ),
+    Family(
+        "deepseek_v4",
+        ("DeepSeekV4MTPModel",),
+        _VLLM_PKG + "deepseek_v4/nvidia/mtp.py",
+        model_types=frozenset({"deepseek_v4"}),
+        drafter_at=DrafterAt.MTP_INDEXED,
+        vllm_names=VllmNames.MTP_INDEX_AFTER_TARGET,
+        mla=True,  # vLLM's is_deepseek_mla (head_dim + compress_ratios); no kv_lora_rank
+        fp8=_V4_FP8,
+        bf16=("hc_* hyper-connection parameters", "shared_head (mtp.{i}.norm)"),
+        linear_leaves=("wq_a", "wkv", "wq_b", "wo_a", "wo_b", "w1", "w2", "w3"),
     ),
 )
 

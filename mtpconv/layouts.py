@@ -9,7 +9,7 @@ embedding and LM head live.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -37,6 +37,7 @@ _LAYER_RE = {
     DrafterAt.AFTER_TARGET: re.compile(r"model\.layers\.(\d+)\."),
     DrafterAt.MTP_LAYERS: re.compile(r"model\.mtp_layers\.(\d+)\."),
     DrafterAt.MTP_PARTS: re.compile(r"model\.mtp_block\.(\d+)\."),
+    DrafterAt.MTP_INDEXED: re.compile(r"^mtp\.(\d+)\."),
 }
 # Tensor names that look like a drafter's, for the error on a family no row matches.
 _CANDIDATE = re.compile(r"(^|\.)(mtp|mtp_layers|nextn|eh_proj|enorm|hnorm|shared_head)(\.|$)")
@@ -198,22 +199,20 @@ def classify_weight(name: str, tensors: Mapping[str, TensorInfo]) -> tuple[str, 
     return "other", ()
 
 
-def _is_linear_weight(name: str, info: TensorInfo) -> bool:
+def _is_linear_weight(name: str, info: TensorInfo, extra: Collection[str] = ()) -> bool:
     if _FUSED_EXPERTS.search(name):
         return len(info.shape) == 3
-    if not name.endswith(".weight") or len(info.shape) != 2:
-        return False
-    last = module_of(name).rsplit(".", 1)[-1]
-    return last not in _NOT_LINEAR and bool(_LINEAR_NAME.search(last))
+    return name.endswith(".weight") and len(info.shape) == 2 and is_linear_module(module_of(name), extra)
 
 
-def is_linear_module(module: str) -> bool:
+def is_linear_module(module: str, extra: Collection[str] = ()) -> bool:
     """Whether a drafter module's name is one of the linears quantize-mtp makes FP8 (by name
-    alone: callers without tensor headers; `detect_layout` also checks the shapes)."""
+    alone: callers without tensor headers; `detect_layout` also checks the shapes). ``extra``:
+    the family row's `linear_leaves` (DeepSeek-V4's ``wq_a`` / ``w1`` ...)."""
     if _FUSED_EXPERTS.search(module):
         return True
     last = module.rsplit(".", 1)[-1]
-    return last not in _NOT_LINEAR and bool(_LINEAR_NAME.search(last))
+    return last not in _NOT_LINEAR and (last in extra or bool(_LINEAR_NAME.search(last)))
 
 
 def linear_modules(tensors: Mapping[str, TensorInfo]) -> dict[str, str]:
@@ -239,11 +238,10 @@ def linear_modules(tensors: Mapping[str, TensorInfo]) -> dict[str, str]:
 
 
 def _find_head_and_embedding(names: list[str]) -> tuple[str | None, str | None]:
-    embedding = next(
-        (n for n in names if strip_text_prefix(n)[1] in ("embed_tokens.weight", "model.embed_tokens.weight")),
-        None,
-    )
-    lm_head = next((n for n in names if n == "lm_head.weight"), None) or next(
+    # ``embed.weight`` / ``head.weight``: DeepSeek-V4's own names (vLLM's hf_to_vllm_mapper renames them)
+    embeds = ("embed_tokens.weight", "model.embed_tokens.weight", "embed.weight")
+    embedding = next((n for n in names if strip_text_prefix(n)[1] in embeds), None)
+    lm_head = next((n for n in names if n in ("lm_head.weight", "head.weight")), None) or next(
         (n for n in names if n.endswith(".lm_head.weight") and "mtp" not in n), None
     )
     return embedding, lm_head
@@ -275,7 +273,8 @@ def detect_layout(
             declared = row.fixed_layers
         prefixes = _prefixes(row, names, n_layers, declared)
     drafter = [n for n in names if n.startswith(prefixes)] if prefixes else []
-    linears, kept = _split_plain(row, _drafter_linears(drafter, tensors))
+    extra = row.linear_leaves if row is not None else ()
+    linears, kept = _split_plain(row, _drafter_linears(drafter, tensors, extra))
     return MtpLayout(
         family=row.name if row is not None else "unknown",
         model_type=model_type,
@@ -303,7 +302,7 @@ def _prefixes(row: Family, names: list[str], n_layers: int | None, declared: int
         return ("model.mtp.",)
     if row.drafter_at is DrafterAt.MTP_PARTS:
         return tuple(f"model.mtp_{part}." for part in ("block", "emb_norm", "hidden_norm", "linear_proj"))
-    if row.drafter_at is DrafterAt.MTP:
+    if row.drafter_at in (DrafterAt.MTP, DrafterAt.MTP_INDEXED):
         mtp_names = [n for n in names if strip_text_prefix(n)[1].startswith("mtp.")]
         return (f"{strip_text_prefix(mtp_names[0])[0] if mtp_names else ''}mtp.",)
     layered = _layers_after_target(names, n_layers)
@@ -373,7 +372,9 @@ def _count_layers(row: Family | None, tcfg: Mapping[str, Any], drafter: list[str
     return stored
 
 
-def _drafter_linears(drafter: list[str], tensors: Mapping[str, TensorInfo]) -> list[Linear]:
+def _drafter_linears(
+    drafter: list[str], tensors: Mapping[str, TensorInfo], extra: Collection[str]
+) -> list[Linear]:
     linears = []
     for name in drafter:
         info = tensors[name]
@@ -385,7 +386,7 @@ def _drafter_linears(drafter: list[str], tensors: Mapping[str, TensorInfo]) -> l
                     f"{list(info.shape)}. This layout is not supported yet."
                 )
             shape: tuple[int, ...] = (info.shape[0], info.shape[1] * 2)
-        elif stored in ("plain", "fp8") and _is_linear_weight(name, info):
+        elif stored in ("plain", "fp8") and _is_linear_weight(name, info, extra):
             shape = info.shape
         else:
             continue

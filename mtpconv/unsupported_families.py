@@ -13,12 +13,6 @@ _VLLM, _VLLM_PKG = VLLM_MODELS, VLLM_PKG
 _LOOKED = "read (issue 14), not supported yet: "
 # vLLM MTP architectures without a row, and why: the registry-walk test fails on any other.
 UNSUPPORTED: dict[str, str] = {
-    "DeepSeekV4MTPModel": _LOOKED
-    + _VLLM_PKG
-    + "deepseek_v4/nvidia/mtp.py stores the drafter as mtp.{i}.* with wq_a/wkv/wq_b/wo_a/wo_b attention "
-    "and w1/w2/w3 experts (mtpconv's linears are *_proj names), vLLM sees it as "
-    "model.layers.{N + i}.* with w1/w3 and wq_a/wkv packed (no naming rule for that), and DeepSeek's "
-    "releases already store it FP8-block / MXFP4 under DeepseekV4FP8Config, which mtpconv reads as a variant",
     "KimiK3MTPModel": _LOOKED
     + _VLLM_PKG
     + "kimi_k3/nvidia/mtp.py: its MLA packs q_a_proj + kv_a_proj_with_mqa + g_proj into "

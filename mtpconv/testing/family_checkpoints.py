@@ -307,6 +307,9 @@ BUILDERS: dict[str, Callable[[_Gen], tuple[Tensors, dict[str, Any]]]] = {
 from mtpconv.testing.family_builders_more import MORE_BUILDERS, MORE_DRAFTER_PREFIXES  # noqa: E402
 
 BUILDERS.update(MORE_BUILDERS)
+from mtpconv.testing.family_deepseek_v4 import deepseek_v4  # noqa: E402
+
+BUILDERS["deepseek_v4"] = deepseek_v4
 # What is NVFP4 in these fixtures: 2-D ``*_proj`` linears, never the indexer (BF16 in
 # NVIDIA's exports) nor the plain-nn.Linear ``eh_proj``.
 _NVFP4_SKIP = (".indexer.", ".eh_proj.", "embed", "lm_head", "shared_head")
@@ -320,7 +323,7 @@ _FAMILY_EXCLUDES = {
 
 def drafter_prefix(family: str) -> str:
     """Where the fixture's drafter tensors start (for exclusions and for tests)."""
-    prefixes = {"nemotron_h": "mtp.", "mimo_v2": "model.mtp.", **MORE_DRAFTER_PREFIXES}
+    prefixes = {"nemotron_h": "mtp.", "mimo_v2": "model.mtp.", "deepseek_v4": "mtp.", **MORE_DRAFTER_PREFIXES}
     return prefixes.get(family, "model.layers.{layers}.").format(layers=LAYERS)
 
 
