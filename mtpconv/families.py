@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mtpconv.family_deepseek_v4 import DEEPSEEK_V4
 from mtpconv.family_kimi_k3 import KIMI_K3
 
 # the row type and its vocabularies live in family_types; re-exported for the callers
@@ -327,6 +328,7 @@ FAMILIES: tuple[Family, ...] = (
         fp8=("fc", "attention and MLP linears"),
     ),
     KIMI_K3,
+    DEEPSEEK_V4,
 )
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}

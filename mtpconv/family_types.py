@@ -22,6 +22,7 @@ class DrafterAt(str, Enum):
     MTP_LAYERS = "mtp_layers"  # ``model.mtp_layers.{i}.*``: MiMo
     # ``model.mtp_block.{i}.*`` + ``model.mtp_{emb_norm,hidden_norm,linear_proj}.{i}.*``: ERNIE-4.5
     MTP_PARTS = "mtp_parts"
+    MTP_INDEXED = "mtp_indexed"  # ``mtp.{i}.*`` (no ``layers``): DeepSeek-V4
 
     def __str__(self) -> str:
         return self.value
@@ -39,6 +40,9 @@ class VllmNames(str, Enum):
     # model.mtp_block.{i}.X -> model.layers.{N + i}.X, model.mtp_P.{i} -> model.layers.{N + i}.mtp_P
     MTP_PARTS_AFTER_TARGET = "mtp_parts_after_target"  # ERNIE-4.5's hf_to_vllm_mapper
     ATTENTION_AS_SELF_ATTN = "attention_as_self_attn"  # X.attention.Y -> X.self_attn.Y (Bailing-V3)
+    # mtp.{i}.X -> model.layers.{N + i}.X, shared_experts.w2 -> shared_experts.down_proj (DeepSeek-V4:
+    # its MTP layer builds the decoder block under the layer's own prefix, no mtp_block)
+    MTP_INDEX_AFTER_TARGET = "mtp_index_after_target"
 
     def __str__(self) -> str:
         return self.value
@@ -80,6 +84,7 @@ class Family:
     draft_vocab: bool = False  # the plugin's truncated draft head supports it
     fp8: tuple[str, ...] = ("attention and MLP linears",)  # what the variant stores FP8 (README)
     bf16: tuple[str, ...] = ()  # what stays BF16 besides the plain leaves, norms, routers, heads
+    linear_leaves: tuple[str, ...] = ()  # module leaves vLLM builds as linears beyond the *_proj names
     _plain: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:

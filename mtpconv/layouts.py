@@ -9,41 +9,36 @@ embedding and LM head live.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from mtpconv.checkpoint.safetensors_io import FLOAT_DTYPES, TensorInfo
+from mtpconv.checkpoint.safetensors_io import TensorInfo
 from mtpconv.errors import LayoutError, UnknownFamilyError
 from mtpconv.families import LAYER_KEYS, DrafterAt, Family, find_family
 from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.names import strip_text_prefix
 
-# Last name component of 2-D modules vLLM never quantizes (lookups, routers; "embeddings": Nemotron-H's
-# embed_tokens), and of those we keep out of the FP8 linears too (heads: the draft head is separate).
-_NEVER_QUANTIZED = frozenset(
-    {"embed_tokens", "embeddings", "gate", "shared_expert_gate", "e_score_correction_bias"}
-)
-_NOT_LINEAR = _NEVER_QUANTIZED | {"head", "lm_head", "draft_lm_head"}
-# ``kv_a_proj_with_mqa``: MLA, fused with ``q_a_proj`` in vLLM (both FP8 or neither)
-# ``dense``: Bailing-V3's attention output projection
-_LINEAR_NAME = re.compile(r"(_proj|_proj_with_mqa|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_proj|^dense)$")
-_FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
-_EXPERT_W = re.compile(r"\.experts\.\d+\.w[123]$")  # per-expert w1/w2/w3 (Kimi-K3)
+# the tensor-name rules live in weight_names; re-exported for the callers
+from mtpconv.weight_names import CT_PACKED as _CT_PACKED
+from mtpconv.weight_names import NOT_LINEAR as _NOT_LINEAR
+from mtpconv.weight_names import classify_weight as classify_weight
+from mtpconv.weight_names import is_linear_module as is_linear_module
+from mtpconv.weight_names import is_linear_weight as _is_linear_weight
+from mtpconv.weight_names import linear_modules as linear_modules
+from mtpconv.weight_names import module_of as module_of
+
 _LAYER_RE = {
     DrafterAt.MTP: re.compile(r"mtp\.layers\.(\d+)\."),
     DrafterAt.MODEL_MTP: re.compile(r"model\.mtp\.layers\.(\d+)\."),
     DrafterAt.AFTER_TARGET: re.compile(r"model\.layers\.(\d+)\."),
     DrafterAt.MTP_LAYERS: re.compile(r"model\.mtp_layers\.(\d+)\."),
     DrafterAt.MTP_PARTS: re.compile(r"model\.mtp_block\.(\d+)\."),
+    DrafterAt.MTP_INDEXED: re.compile(r"^mtp\.(\d+)\."),
 }
 # Tensor names that look like a drafter's, for the error on a family no row matches.
 _CANDIDATE = re.compile(r"(^|\.)(mtp|mtp_layers|nextn|eh_proj|enorm|hnorm|shared_head)(\.|$)")
-
-# compressed-tensors names: the packed NVFP4 weight and its float32 global scales.
-_CT_PACKED = ".weight_packed"
-_CT_SUFFIXES = (_CT_PACKED, ".weight_global_scale", ".input_global_scale")
 
 
 class Stored(str, Enum):
@@ -158,93 +153,11 @@ def _int(cfg: Mapping[str, Any], *keys: str) -> int | None:
     return None
 
 
-_PARAM_LEAVES = frozenset(
-    s.lstrip(".")
-    for s in (".weight", ".weight_scale", ".weight_scale_2", ".input_scale", ".bias", *_CT_SUFFIXES)
-)
-
-
-def module_of(tensor: str) -> str:
-    """``a.b.weight`` -> ``a.b``; fused-expert tensors have no suffix to strip."""
-    module, dot, leaf = tensor.rpartition(".")
-    return module if dot and leaf in _PARAM_LEAVES else tensor
-
-
-def classify_weight(name: str, tensors: Mapping[str, TensorInfo]) -> tuple[str, tuple[str, ...]]:
-    """How a weight tensor is stored: ("nvfp4"|"fp8"|"plain"|"other", its scale tensors).
-
-    NVFP4 covers both storages (ModelOpt ``weight``, compressed-tensors ``weight_packed``);
-    a drafter `Linear.stored` tells them apart.
-    """
-    info = tensors[name]
-    module = module_of(name)
-    if info.dtype == "U8" and name.endswith(_CT_PACKED) and f"{module}.weight_scale" in tensors:
-        aux = tuple(
-            f"{module}.{s}"
-            for s in ("weight_scale", "weight_global_scale", "input_global_scale")
-            if f"{module}.{s}" in tensors
-        )
-        return "nvfp4", aux
-    if info.dtype == "U8" and f"{module}.weight_scale" in tensors:
-        aux = tuple(
-            f"{module}.{s}"
-            for s in ("weight_scale", "weight_scale_2", "input_scale")
-            if f"{module}.{s}" in tensors
-        )
-        return "nvfp4", aux
-    if info.dtype in ("F8_E4M3", "F8_E5M2"):
-        aux = tuple(
-            n for n in (f"{module}.weight_scale", f"{module}.input_scale", f"{name}_scale") if n in tensors
-        )
-        return "fp8", aux
-    if info.dtype in FLOAT_DTYPES:
-        return "plain", ()
-    return "other", ()
-
-
-def _is_linear_weight(name: str, info: TensorInfo) -> bool:
-    if _FUSED_EXPERTS.search(name):
-        return len(info.shape) == 3
-    return name.endswith(".weight") and len(info.shape) == 2 and is_linear_module(module_of(name))
-
-
-def is_linear_module(module: str) -> bool:
-    """Whether a drafter module's name is one of the linears quantize-mtp makes FP8 (by name
-    alone: callers without tensor headers; `detect_layout` also checks the shapes)."""
-    if _FUSED_EXPERTS.search(module) or _EXPERT_W.search(module):
-        return True
-    last = module.rsplit(".", 1)[-1]
-    return last not in _NOT_LINEAR and bool(_LINEAR_NAME.search(last))
-
-
-def linear_modules(tensors: Mapping[str, TensorInfo]) -> dict[str, str]:
-    """Every linear-like module of a checkpoint -> how it is stored.
-
-    Linear-like: a 2-D+ weight that vLLM builds as a (possibly quantized)
-    linear layer. Embeddings, norms and routers are left out because vLLM never
-    quantizes them, so a config need not exclude them.
-    """
-    out: dict[str, str] = {}
-    for name, info in tensors.items():
-        if name.endswith((".weight_scale", ".weight_scale_2", ".input_scale", "_scale")):
-            continue
-        is_weight = name.endswith((".weight", _CT_PACKED)) or _FUSED_EXPERTS.search(name)
-        if not is_weight or len(info.shape) < 2:
-            continue
-        last = module_of(name).rsplit(".", 1)[-1]
-        if last in _NEVER_QUANTIZED:
-            continue
-        stored, _ = classify_weight(name, tensors)
-        out[module_of(name)] = stored
-    return out
-
-
 def _find_head_and_embedding(names: list[str]) -> tuple[str | None, str | None]:
-    embedding = next(
-        (n for n in names if strip_text_prefix(n)[1] in ("embed_tokens.weight", "model.embed_tokens.weight")),
-        None,
-    )
-    lm_head = next((n for n in names if n == "lm_head.weight"), None) or next(
+    # ``embed.weight`` / ``head.weight``: DeepSeek-V4's own names (vLLM's hf_to_vllm_mapper renames them)
+    embeds = ("embed_tokens.weight", "model.embed_tokens.weight", "embed.weight")
+    embedding = next((n for n in names if strip_text_prefix(n)[1] in embeds), None)
+    lm_head = next((n for n in names if n in ("lm_head.weight", "head.weight")), None) or next(
         (n for n in names if n.endswith(".lm_head.weight") and "mtp" not in n), None
     )
     return embedding, lm_head
@@ -276,7 +189,8 @@ def detect_layout(
             declared = row.fixed_layers
         prefixes = _prefixes(row, names, n_layers, declared)
     drafter = [n for n in names if n.startswith(prefixes)] if prefixes else []
-    linears, kept = _split_plain(row, _drafter_linears(drafter, tensors))
+    extra = row.linear_leaves if row is not None else ()
+    linears, kept = _split_plain(row, _drafter_linears(drafter, tensors, extra))
     return MtpLayout(
         family=row.name if row is not None else "unknown",
         model_type=model_type,
@@ -304,7 +218,7 @@ def _prefixes(row: Family, names: list[str], n_layers: int | None, declared: int
         return ("model.mtp.",)
     if row.drafter_at is DrafterAt.MTP_PARTS:
         return tuple(f"model.mtp_{part}." for part in ("block", "emb_norm", "hidden_norm", "linear_proj"))
-    if row.drafter_at is DrafterAt.MTP:
+    if row.drafter_at in (DrafterAt.MTP, DrafterAt.MTP_INDEXED):
         mtp_names = [n for n in names if strip_text_prefix(n)[1].startswith("mtp.")]
         return (f"{strip_text_prefix(mtp_names[0])[0] if mtp_names else ''}mtp.",)
     layered = _layers_after_target(names, n_layers)
@@ -373,7 +287,9 @@ def _count_layers(row: Family | None, tcfg: Mapping[str, Any], drafter: list[str
     return stored
 
 
-def _drafter_linears(drafter: list[str], tensors: Mapping[str, TensorInfo]) -> list[Linear]:
+def _drafter_linears(
+    drafter: list[str], tensors: Mapping[str, TensorInfo], extra: Collection[str]
+) -> list[Linear]:
     linears = []
     for name in drafter:
         info = tensors[name]
@@ -392,7 +308,7 @@ def _drafter_linears(drafter: list[str], tensors: Mapping[str, TensorInfo]) -> l
                     f"{list(info.shape)}. This layout is not supported yet."
                 )
             shape: tuple[int, ...] = (info.shape[0], info.shape[1] * 2)
-        elif stored in ("plain", "fp8") and _is_linear_weight(name, info):
+        elif stored in ("plain", "fp8") and _is_linear_weight(name, info, extra):
             shape = info.shape
         else:
             continue

@@ -10,15 +10,9 @@ VLLM_MODELS = "vllm/model_executor/models/"
 VLLM_PKG = "vllm/models/"
 _VLLM, _VLLM_PKG = VLLM_MODELS, VLLM_PKG
 
-_LOOKED = "read (issue 14), not supported yet: "
+_LOOKED = "read (issue 14), deliberately unsupported: "
 # vLLM MTP architectures without a row, and why: the registry-walk test fails on any other.
 UNSUPPORTED: dict[str, str] = {
-    "DeepSeekV4MTPModel": _LOOKED
-    + _VLLM_PKG
-    + "deepseek_v4/nvidia/mtp.py stores the drafter as mtp.{i}.* with wq_a/wkv/wq_b/wo_a/wo_b attention "
-    "and w1/w2/w3 experts (mtpconv's linears are *_proj names), vLLM sees it as "
-    "model.layers.{N + i}.* with w1/w3 and wq_a/wkv packed (no naming rule for that), and DeepSeek's "
-    "releases already store it FP8-block / MXFP4 under DeepseekV4FP8Config, which mtpconv reads as a variant",
     "MiniMaxM3MTP": _LOOKED
     + _VLLM_PKG
     + "minimax_m3/nvidia/mtp.py names the drafter model.layers.{i}.* (the checkpoint's "

@@ -86,6 +86,7 @@ def drafter_algorithm(linear: Linear) -> str:
 
 
 _MTP_PARTS = re.compile(r"model\.mtp_(block|emb_norm|hidden_norm|linear_proj)\.(\d+)(?:\.(.*))?$")
+_MTP_INDEXED = re.compile(r"mtp\.(\d+)\.(.*)$")
 
 
 def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
@@ -96,8 +97,10 @@ def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
     puts the decoder block under ``model.layers.{k}.mtp_block``; LongCat-Flash names its
     ``model.mtp.layers.{i}`` block ``model.layers.{2 * num_layers + i}`` and its eh_proj ``eh_proj``
     (``num_layers``: `families.mtp_start_layer`); Bailing-V3 renames ``attention`` to ``self_attn``;
-    ERNIE-4.5 maps ``model.mtp_block.{i}`` to ``model.layers.{N + i}``; GLM-OCR and Kimi-K3
-    drop their VLM's ``language_model.`` (Kimi-K3 builds its block with prefix ``model.layers.{N+i}``).
+    ERNIE-4.5 maps ``model.mtp_block.{i}`` to ``model.layers.{N + i}``; DeepSeek-V4 ``mtp.{i}`` to
+    ``model.layers.{N + i}`` (its decoder block too: vLLM builds it under the layer's own prefix);
+    GLM-OCR and Kimi-K3 drop their VLM's ``language_model.`` (Kimi-K3 builds its block with prefix
+    ``model.layers.{N+i}``).
     """
     row = family_row(family)
     naming = row.vllm_names if row is not None else VllmNames.AS_STORED
@@ -114,6 +117,11 @@ def vllm_drafter_key(module: str, family: str, num_layers: int | None) -> str:
         part, idx, rest = parts.groups()
         layer = f"model.layers.{num_layers + int(idx)}"
         return f"{layer}.{rest}" if part == "block" else f"{layer}.mtp_{part}{'.' + rest if rest else ''}"
+    indexed = _MTP_INDEXED.match(module)
+    if naming is VllmNames.MTP_INDEX_AFTER_TARGET and indexed and num_layers:
+        # DeepSeekV4MTP._to_spec_layer_name, and its loader's shared_experts.w2 -> down_proj
+        rest = indexed.group(2).replace("shared_experts.w2", "shared_experts.down_proj")
+        return f"model.layers.{num_layers + int(indexed.group(1))}.{rest}"
     if naming is VllmNames.ATTENTION_AS_SELF_ATTN:
         return drafter_name(module).replace(".attention.", ".self_attn.")
     if naming is VllmNames.MTP_BLOCK and module.startswith("model.layers."):

@@ -310,6 +310,9 @@ BUILDERS.update(MORE_BUILDERS)
 from mtpconv.testing.family_kimi_k3 import KIMI_K3_BUILDERS, KIMI_K3_DRAFTER_PREFIXES  # noqa: E402
 
 BUILDERS.update(KIMI_K3_BUILDERS)
+from mtpconv.testing.family_deepseek_v4 import deepseek_v4  # noqa: E402
+
+BUILDERS["deepseek_v4"] = deepseek_v4
 # What is NVFP4 in these fixtures: 2-D ``*_proj`` linears, never the indexer (BF16 in
 # NVIDIA's exports) nor the plain-nn.Linear ``eh_proj``.
 _NVFP4_SKIP = (".indexer.", ".eh_proj.", "embed", "lm_head", "shared_head")
@@ -327,6 +330,7 @@ def drafter_prefix(family: str) -> str:
         "nemotron_h": "mtp.",
         "mimo_v2": "model.mtp.",
         **MORE_DRAFTER_PREFIXES,
+        "deepseek_v4": "mtp.",
         **KIMI_K3_DRAFTER_PREFIXES,
     }
     return prefixes.get(family, "model.layers.{layers}.").format(layers=LAYERS)

@@ -25,30 +25,39 @@ from mtpconv.quantconfig.standard import vllm_drafter_key
 from mtpconv.testing.family_checkpoints import BUILDERS, write_family_checkpoint
 
 _ORACLE = r"""
-import json, sys, types
+import importlib, json, sys, types
 for n in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
     sys.modules[n] = types.ModuleType(n)
 for n in ("torchaudio", "torchcodec"):
     sys.modules[n] = None
 from vllm.model_executor.layers.quantization.modelopt import (
     LINEAR_ALGOS, ModelOptMixedPrecisionConfig, ModelOptNvFp4Config)
+from vllm.model_executor.model_loader.utils import configure_quant_config
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
           "fused_qkv_a_proj": ["q_a_proj", "kv_a_proj_with_mqa"],
           "fused_qkv_a_g_proj": ["q_a_proj", "kv_a_proj_with_mqa", "g_proj"]}
-def load(qc):
+def model_class(path):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+def load(qc, classes):
     if qc is None:
         return None
     cls = ModelOptMixedPrecisionConfig if qc.get("quant_algo") == "MIXED_PRECISION" else ModelOptNvFp4Config
     c = cls.from_config(qc)
     c.packed_modules_mapping = PACKED
+    for path in classes:  # what vLLM does building the target, then the drafter, on one config
+        configure_quant_config(c, model_class(path))
     return c
 def algo(c, layer):
     if c is None or c.is_layer_excluded(layer):
         return None
     return c._resolve_quant_algo(layer) if isinstance(c, ModelOptMixedPrecisionConfig) else c.quant_method
 out = []
-for src_qc, var_qc, targets, drafter in json.load(sys.stdin):
-    src, var = load(src_qc), load(var_qc)
+for src_qc, var_qc, targets, drafter, classes in json.load(sys.stdin):
+    src, var = load(src_qc, classes), load(var_qc, classes)
+    mapper = getattr(model_class(classes[0]), "hf_to_vllm_mapper", None) if classes else None
+    if mapper is not None:  # the target's checkpoint names as vLLM's model names them
+        targets = [mapper.apply_list([t])[0] for t in targets]
     out.append({"mixed": isinstance(var, ModelOptMixedPrecisionConfig),
                 "target": {t: [algo(src, t), algo(var, t)] for t in targets},
                 "drafter": {d: algo(var, d) for d in drafter}, "linear_algos": sorted(LINEAR_ALGOS)})
@@ -60,6 +69,16 @@ _PACK_MLA = {"q_a_proj": "fused_qkv_a_proj", "kv_a_proj_with_mqa": "fused_qkv_a_
 # Kimi-K3's MLA (mla.py, mla_use_output_gate): q_a + kv_a + g_proj are one fused_qkv_a_g_proj, the
 # name KimiLinearModel.packed_modules_mapping puts on the quant config its drafter shares
 _GATED_QKV_A = {"kimi_k3": ("q_a_proj", "kv_a_proj_with_mqa", "g_proj")}
+# DeepSeek-V4 (vllm/models/deepseek_v4/nvidia/model.py packed_modules_mapping): wq_a + wkv, w1 + w3
+_PACK_V4 = {"wq_a": "fused_wqa_wkv", "wkv": "fused_wqa_wkv", "w1": "gate_up_proj", "w3": "gate_up_proj"}
+# Families whose vLLM classes configure the quant config themselves (hf_to_vllm_mapper, their own
+# packed_modules_mapping): the target's class, then the MTP class, as vLLM builds them.
+_VLLM_CLASSES = {
+    "deepseek_v4": [
+        "vllm.models.deepseek_v4.nvidia.model:DeepseekV4ForCausalLM",
+        "vllm.models.deepseek_v4.nvidia.mtp:DeepSeekV4MTP",
+    ]
+}
 
 
 def vllm_layer(module: str, modules: set[str], family: str = "") -> str:
@@ -69,6 +88,8 @@ def vllm_layer(module: str, modules: set[str], family: str = "") -> str:
     base, _, leaf = module.rpartition(".")
     if leaf in _GATED_QKV_A.get(family, ()):
         return f"{base}.fused_qkv_a_g_proj"
+    if family == "deepseek_v4" and leaf in _PACK_V4:
+        return f"{base}.{_PACK_V4[leaf]}"
     if leaf in _PACK:
         return f"{base}.{_PACK[leaf]}"
     if leaf in _PACK_MLA:
@@ -81,7 +102,7 @@ def vllm_layer(module: str, modules: set[str], family: str = "") -> str:
 CASES = [(n, q) for n in sorted(BUILDERS) for q in ("bf16", "nvfp4") if q == "bf16" or BY_NAME[n].ships_nvfp4]
 
 
-def _case(tmp: Path, name: str, quant: str) -> tuple[Any, Any, list[str], list[str]]:
+def _case(tmp: Path, name: str, quant: str) -> tuple[Any, Any, list[str], list[str], list[str]]:
     src = write_family_checkpoint(tmp / "src", name, quant=quant, drafter_quant=quant)
     report = quantize_mtp(str(src), tmp / "dst", device="cpu")
     layout = report.plan.layout
@@ -93,7 +114,7 @@ def _case(tmp: Path, name: str, quant: str) -> tuple[Any, Any, list[str], list[s
     n = mtp_start_layer(name, json.loads((src / "config.json").read_text()))
     keys = {vllm_drafter_key(lin.module, name, n) for lin in report.plan.linears}
     drafter = sorted({vllm_layer(k, keys, name) for k in keys})
-    return src_qc, var_qc, targets, drafter
+    return src_qc, var_qc, targets, drafter, _VLLM_CLASSES.get(name, [])
 
 
 @pytest.mark.vllm
