@@ -373,6 +373,12 @@ def family(name: str) -> Family | None:
     return BY_NAME.get(name)
 
 
+def vllm_quantizable(linears: Mapping[str, str], name: str) -> dict[str, str]:
+    """A checkpoint's linear modules (-> storage) that vLLM may quantize, for family ``name``."""
+    row = BY_NAME.get(name)
+    return dict(linears) if row is None else row.vllm_quantizable(linears)
+
+
 def find_family(config: Mapping[str, Any], tcfg: Mapping[str, Any], names: list[str]) -> Family | None:
     """The row for a checkpoint: by model_type / architecture first, then by marker."""
     types = {str(t) for t in (config.get("model_type"), tcfg.get("model_type")) if t}

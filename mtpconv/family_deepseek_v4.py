@@ -25,4 +25,7 @@ DEEPSEEK_V4 = Family(
     fp8=("e_proj, h_proj", "attention wq_a/wkv/wq_b/wo_a/wo_b", "routed experts (blocks)", "shared experts"),
     bf16=("hc_* hyper-connection parameters", "shared_head (mtp.{i}.norm)"),
     linear_leaves=("wq_a", "wkv", "wq_b", "wo_a", "wo_b", "w1", "w2", "w3"),
+    # model.py: embed is a VocabParallelEmbedding and head a ParallelLMHead; compressor.py builds
+    # fused_wkv_wgate and attention.py the indexer's weights_proj with quant_config=None
+    target_plain=r"^(embed|head)$|\.compressor\.(wkv|wgate)$|\.indexer\.weights_proj$",
 )

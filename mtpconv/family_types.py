@@ -85,10 +85,20 @@ class Family:
     fp8: tuple[str, ...] = ("attention and MLP linears",)  # what the variant stores FP8 (README)
     bf16: tuple[str, ...] = ()  # what stays BF16 besides the plain leaves, norms, routers, heads
     linear_leaves: tuple[str, ...] = ()  # module leaves vLLM builds as linears beyond the *_proj names
+    # target modules (re.search) vLLM builds with no quant method: embeddings and heads under
+    # the family's own names, quant_config=None layers; the audit does not ask them quantized
+    target_plain: str | None = None
     _plain: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_plain", dict(self.plain))
+
+    def vllm_quantizable(self, linears: Mapping[str, str]) -> dict[str, str]:
+        """``linears`` (module -> storage) without the target modules vLLM never quantizes."""
+        if self.target_plain is None:
+            return dict(linears)
+        pattern = re.compile(self.target_plain)
+        return {m: s for m, s in linears.items() if not pattern.search(m)}
 
     def plain_reason(self, module: str) -> str | None:
         """Why vLLM builds this drafter module without a quant method, or None when it does not."""

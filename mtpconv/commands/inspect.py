@@ -16,9 +16,10 @@ from mtpconv.checkpoint.source import Source, load_files, looks_like_repo_id, re
 from mtpconv.checkpoint.source import resolve_source as _resolve_local
 from mtpconv.draft_cost import DraftCost, draft_cost
 from mtpconv.errors import UnknownFamilyError
+from mtpconv.families import vllm_quantizable
 from mtpconv.findings import Finding, Severity
 from mtpconv.gc_pause import paused_gc
-from mtpconv.layouts import MtpLayout, classify_weight, detect_layout, linear_modules, module_of
+from mtpconv.layouts import MtpLayout, Stored, classify_weight, detect_layout, linear_modules, module_of
 from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, Manifest, read_manifest
 from mtpconv.quantconfig.audit import audit_quant_configs
 from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
@@ -181,6 +182,15 @@ def _drafter_declared_finding(layout: MtpLayout, configs: QuantConfigs) -> Findi
     if not quantized:
         return None
     algos = ", ".join(sorted(set(quantized.values())))
+    if all(lin.stored is Stored.FP8 for lin in layout.linears):  # e.g. DeepSeek-V4 releases
+        return Finding(
+            Severity.INFO,
+            "drafter-stored-fp8",
+            "mtp",
+            f"all {len(layout.linears)} drafter linears are stored FP8 already and declared "
+            f"({algos}) in the source's quant config: vLLM serves this drafter as it is; "
+            "quantize-mtp has nothing to convert.",
+        )
     return Finding(
         Severity.INFO,
         "drafter-declared-quantized",
@@ -271,7 +281,7 @@ def _inspect(spec: str, revision: str | None, draft_vocab_size: int) -> InspectR
         findings.append(declared_finding)
     findings += audit_quant_configs(
         configs,
-        linear_modules(files.tensors),
+        vllm_quantizable(linear_modules(files.tensors), layout.family),
         drafter_modules,
         all_modules={module_of(n) for n in files.tensors},
         plugin_drafter=manifest is not None,
