@@ -43,6 +43,12 @@ def no_duplicate_keys(where: object, error: type[MtpconvError]) -> Callable[[lis
     return hook
 
 
+def copy_json(doc: Any) -> Any:
+    """A deep copy of a JSON document (dicts, lists, str, numbers, bool, None), through the C
+    encoder and decoder: ~10x ``copy.deepcopy`` on a config with ~100k quantized layers."""
+    return json.loads(json.dumps(doc))
+
+
 def read_json(
     path: str | os.PathLike[str],
     error: type[MtpconvError],

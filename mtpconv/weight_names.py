@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 from mtpconv.checkpoint.safetensors_io import FLOAT_DTYPES, TensorInfo
 
@@ -110,3 +111,16 @@ def linear_modules(tensors: Mapping[str, TensorInfo]) -> dict[str, str]:
         stored, _ = classify_weight(name, tensors)
         out[module_of(name)] = stored
     return out
+
+
+@dataclass(frozen=True)
+class CheckpointModules:
+    """A checkpoint's modules and its linear-like ones (-> storage), computed once per command."""
+
+    modules: frozenset[str]
+    linears: dict[str, str]
+
+    @classmethod
+    def of(cls, tensors: Mapping[str, TensorInfo]) -> CheckpointModules:
+        """From the checkpoint's tensor headers."""
+        return cls(frozenset(module_of(n) for n in tensors), linear_modules(tensors))

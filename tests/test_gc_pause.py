@@ -30,3 +30,18 @@ def test_restored_after_an_error_and_left_off_when_it_was_off() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_freeze_on_resume_moves_what_was_built_out_of_the_collectors_reach(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mtpconv import gc_pause
+
+    monkeypatch.setitem(gc_pause._state, "freeze", False)
+    gc_pause.freeze_on_resume()
+    try:
+        with paused_gc():
+            kept = [{"i": i} for i in range(1000)]
+        assert gc.isenabled() and gc.get_freeze_count() >= len(kept)
+    finally:
+        gc.unfreeze()

@@ -14,7 +14,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, BinaryIO
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 from mtpconv.errors import CheckpointFormatError
 from mtpconv.jsonio import no_duplicate_keys
@@ -47,9 +47,12 @@ DTYPE_SIZES: dict[str, int] = {
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """One tensor as described by a header: where its bytes lie in ``file``."""
+class TensorInfo(NamedTuple):
+    """One tensor as described by a header: where its bytes lie in ``file``.
+
+    A named tuple, not a dataclass: a large checkpoint has ~400k of them, built in a
+    few times less time this way.
+    """
 
     name: str
     dtype: str

@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from mtpconv import console
+from mtpconv import console, gc_pause
 from mtpconv.cli.app import app, debug_requested
 from mtpconv.errors import MtpconvError
 
@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     # instead of spinning, which left the converter's own reader, hashing and FP8
     # threads a fraction of a 2-core machine (4 of 13 CPU-seconds in one conversion).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    gc_pause.freeze_on_resume()  # one process, one command: header records live to the end
     try:  # SIGTERM unwinds like Ctrl-C, so every command cleans up its temporary files
         previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     except ValueError:  # not the main thread (embedded use)

@@ -21,6 +21,7 @@ from mtpconv.checkpoint.source import load_files, resolve_source
 from mtpconv.checkpoint.writer import atomic_output_dir, link_or_copy, write_json
 from mtpconv.errors import LayoutError, OutputError, interruptible
 from mtpconv.families import vllm_quantizable
+from mtpconv.gc_pause import paused_gc
 from mtpconv.layouts import detect_layout, linear_modules
 from mtpconv.plan import check_destination, other_files
 from mtpconv.quantconfig.documents import load_quant_configs
@@ -67,11 +68,12 @@ def fix_exclusions(
     source = resolve_source(source_spec, revision)
     files = load_files(source)
     configs = load_quant_configs(source.directory)
-    try:  # the family only narrows which modules vLLM may quantize; repairs need no drafter
-        family = detect_layout(configs.config, files.tensors, strict=False).family
-    except LayoutError:
-        family = "unknown"
-    fixed = fixed_exclusion_configs(configs, vllm_quantizable(linear_modules(files.tensors), family))
+    with paused_gc():  # ~1M acyclic records for a large checkpoint (mtpconv.gc_pause)
+        try:  # the family only narrows which modules vLLM may quantize; repairs need no drafter
+            family = detect_layout(configs.config, files.tensors, strict=False).family
+        except LayoutError:
+            family = "unknown"
+        fixed = fixed_exclusion_configs(configs, vllm_quantizable(linear_modules(files.tensors), family))
     if in_place and dst is not None:
         raise OutputError("give either DST or --in-place, not both.")
     if not in_place and dst is None:

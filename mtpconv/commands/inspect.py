@@ -19,12 +19,13 @@ from mtpconv.errors import UnknownFamilyError
 from mtpconv.families import vllm_quantizable
 from mtpconv.findings import Finding, Severity
 from mtpconv.gc_pause import paused_gc
-from mtpconv.layouts import MtpLayout, Stored, classify_weight, detect_layout, linear_modules, module_of
+from mtpconv.layouts import MtpLayout, Stored, classify_weight, detect_layout, module_of
 from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, Manifest, read_manifest
 from mtpconv.quantconfig.audit import audit_quant_configs
 from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
 from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
 from mtpconv.quantconfig.stock_view import StockView, source_view, variant_view
+from mtpconv.weight_names import CheckpointModules
 
 
 @dataclass(frozen=True)
@@ -279,11 +280,12 @@ def _inspect(spec: str, revision: str | None, draft_vocab_size: int) -> InspectR
     declared_finding = _drafter_declared_finding(layout, configs) if manifest is None else None
     if declared_finding is not None:
         findings.append(declared_finding)
+    known = CheckpointModules.of(files.tensors)
     findings += audit_quant_configs(
         configs,
-        vllm_quantizable(linear_modules(files.tensors), layout.family),
+        vllm_quantizable(known.linears, layout.family),
         drafter_modules,
-        all_modules={module_of(n) for n in files.tensors},
+        all_modules=known.modules,
         plugin_drafter=manifest is not None,
     )
     if manifest is not None:
@@ -302,7 +304,7 @@ def _inspect(spec: str, revision: str | None, draft_vocab_size: int) -> InspectR
             head_file=None if dv is None else dv.head_file,  # None: pre-0.2, head in the weights
         )
     elif layout.has_drafter and layout.linears:
-        stock = source_view(configs, files.tensors, layout)
+        stock = source_view(configs, files.tensors, layout, known)
     return InspectReport(
         source=spec,
         family=layout.family,

@@ -25,6 +25,7 @@ from mtpconv.checkpoint.source import (
 from mtpconv.checkpoint.writer import atomic_output_dir
 from mtpconv.conversion_options import Device, HeadDtype
 from mtpconv.errors import ConversionError, interruptible
+from mtpconv.gc_pause import paused_gc
 from mtpconv.jsonio import read_json
 from mtpconv.layouts import MtpLayout, detect_layout, module_of
 from mtpconv.manifest import check_draft_window, read_manifest
@@ -194,20 +195,22 @@ def quantize_mtp(
     """
     started = time.monotonic()
     _device_choice(device)  # a bad value fails before anything is read
-    source, files, configs, layout = _load(source_spec, revision, headers_only=dry_run)
+    with paused_gc():  # ~1M acyclic header records for a large checkpoint (mtpconv.gc_pause)
+        source, files, configs, layout = _load(source_spec, revision, headers_only=dry_run)
     if draft_window is not None:
         check_draft_window(draft_window, configs.config, str(configs.config_path or source_spec))
     ids, vocab_meta = (None, {}) if draft_vocab is None else _draft_ids(draft_vocab, layout)
     dst_path = Path(dst).expanduser()
     check_destination(source.directory, dst_path)
     layout = replace(layout, linears=with_declared_layouts(configs, layout.linears))
-    plan = build_plan(
-        files,
-        layout,
-        draft_vocab_rows=None if ids is None else int(ids.numel()),
-        draft_head_dtype=draft_head_dtype,
-    )
-    rewritten, declaration = variant_declaration(configs, files, layout, plan)
+    with paused_gc():
+        plan = build_plan(
+            files,
+            layout,
+            draft_vocab_rows=None if ids is None else int(ids.numel()),
+            draft_head_dtype=draft_head_dtype,
+        )
+        rewritten, declaration = variant_declaration(configs, files, layout, plan)
     new_hf_quant, new_config = rewritten.documents
     report = ConversionReport(
         source=source_spec,

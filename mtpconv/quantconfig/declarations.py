@@ -239,6 +239,21 @@ def mixed_keys(layers: Mapping[str, Any], module: str) -> list[str]:
     return keys
 
 
+def first_mixed_key(layers: Mapping[str, Any], module: str) -> str | None:
+    """The most specific ``quantized_layers`` key for ``module`` (``mixed_keys(...)[0]``),
+    found without building the others: one or two lookups for a module listed itself."""
+    cands = _mixed_candidates(module)
+    for cand in cands:
+        if cand in layers:
+            return cand
+    for cand in cands:
+        parts = cand.split(".")
+        for k in range(len(parts) - 1, 0, -1):
+            if (parent := ".".join(parts[:k])) in layers:
+                return parent
+    return None
+
+
 def _ct_name_matches(target: str, module: str) -> bool:
     """A layer-name target (exact or ``re:``) against the names vLLM may see for ``module``
     (a drafter module is built under ``mtp.``, whatever prefix it is stored with; a routed
@@ -283,8 +298,9 @@ def declared_algorithm(decl: DeclaredQuant, module: str) -> str | None:
         if any(marker in module for marker in VISION_MARKERS):
             return None
         if decl.algo == "MIXED_PRECISION":
-            keys = mixed_keys(decl.quantized_layers or {}, module)
-            return (decl.quantized_layers or {})[keys[0]] if keys else None
+            layers = decl.quantized_layers or {}
+            key = first_mixed_key(layers, module)
+            return None if key is None else layers[key]
         return decl.algo
     if decl.method == "compressed-tensors":
         return ct_group_algorithm(decl.groups, module)

@@ -224,8 +224,8 @@ def _rule_hits(rule: _Rule, names: _Names) -> bool:
 class _OneModule:
     __slots__ = ("shard", "layer")
 
-    def __init__(self, module: str, method: str) -> None:
-        self.shard, self.layer = vllm_view(module, method)
+    def __init__(self, module: str, method: str, view: tuple[str, str] | None = None) -> None:
+        self.shard, self.layer = view or vllm_view(module, method)
 
     def any_exact(self, forms: frozenset[str]) -> bool:
         return self.shard in forms or self.layer in forms
@@ -317,10 +317,16 @@ class ExclusionMatcher:
         names = list(patterns)
         self.patterns = [ExclusionPattern(p, method, source) for p in names]
         self._rule = _compile(names, method, source, merge_globs=True)
+        # by vLLM's view of a module: the 512 experts of one layer share one answer
+        self._by_view: dict[tuple[str, str], bool] = {}
 
     def excludes(self, module: str) -> bool:
         """Whether any pattern excludes ``module``."""
-        return _rule_hits(self._rule, _OneModule(module, self._rule.method))
+        view = vllm_view(module, self._rule.method)
+        hit = self._by_view.get(view)
+        if hit is None:
+            hit = self._by_view[view] = _rule_hits(self._rule, _OneModule(module, self._rule.method, view))
+        return hit
 
     def matching(self, module: str) -> list[str]:
         """The patterns that exclude ``module``, in file order."""

@@ -8,13 +8,13 @@ changed consistently; every other key, value and order is kept.
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from mtpconv.errors import QuantConfigError
+from mtpconv.jsonio import copy_json
 from mtpconv.layouts import is_linear_module
 from mtpconv.names import drafter_alias
 from mtpconv.quantconfig import compressed_tensors as ct
@@ -233,7 +233,7 @@ def _copy_docs(configs: QuantConfigs) -> RewrittenConfigs:
         raise QuantConfigError("config.json must hold a JSON object.")
     if configs.hf_quant is not None and not isinstance(configs.hf_quant, dict):
         raise QuantConfigError(f"{HF_QUANT_JSON} must hold a JSON object.")
-    return RewrittenConfigs(copy.deepcopy(configs.hf_quant), copy.deepcopy(configs.config))
+    return RewrittenConfigs(copy_json(configs.hf_quant), copy_json(configs.config))
 
 
 def _drop_drafter_layers(out: RewrittenConfigs, drafter: set[str], others: set[str]) -> None:

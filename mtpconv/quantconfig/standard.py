@@ -20,7 +20,6 @@ and non-ModelOpt quant methods.
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +32,8 @@ from mtpconv.errors import QuantConfigError
 from mtpconv.families import STEP_MODULES, VllmNames, mtp_start_layer
 from mtpconv.families import family as family_row
 from mtpconv.formats.scale_layout import ScaleLayout
-from mtpconv.layouts import Linear, MtpLayout, linear_modules, module_of, text_config
+from mtpconv.jsonio import copy_json
+from mtpconv.layouts import Linear, MtpLayout, module_of, text_config
 from mtpconv.names import drafter_name
 from mtpconv.quantconfig import compressed_tensors as ct
 from mtpconv.quantconfig.declarations import (
@@ -45,6 +45,7 @@ from mtpconv.quantconfig.declarations import (
 from mtpconv.quantconfig.documents import HF_QUANT_JSON, QuantConfigs, quant_location
 from mtpconv.quantconfig.match import ExclusionPattern
 from mtpconv.quantconfig.rewrite import RewrittenConfigs, variant_configs
+from mtpconv.weight_names import CheckpointModules
 
 DENSE_ALGO = "FP8_PER_CHANNEL_PER_TOKEN"  # weight_scale f32 [out], dynamic per-token activations
 EXPERT_ALGO = "FP8_PB_WO"  # weight_scale_inv f32 128x128 blocks, dynamic activations
@@ -198,17 +199,20 @@ def declare_drafter(
     *,
     fp8_linears: Sequence[Linear],
     extra_drafter_modules: Collection[str] = (),
+    known: CheckpointModules | None = None,
 ) -> tuple[RewrittenConfigs, DrafterDeclaration]:
     """`standard_configs` for a checkpoint: its targets, modules and family from its
-    headers and config (``extra_drafter_modules``: e.g. the draft head the variant adds)."""
+    headers and config (``extra_drafter_modules``: e.g. the draft head the variant adds;
+    ``known``: the checkpoint's modules when the caller has them already)."""
     drafter = {module_of(n) for n in layout.drafter_tensors} | set(extra_drafter_modules)
     tcfg = text_config(configs.config)
+    known = known or CheckpointModules.of(tensors)
     return standard_configs(
         configs,
         fp8_linears=fp8_linears,
         drafter_modules=sorted(drafter),
-        target_linears=[m for m in linear_modules(tensors) if m not in drafter],
-        all_modules={module_of(n) for n in tensors} | drafter,
+        target_linears=[m for m in known.linears if m not in drafter],
+        all_modules=known.modules | drafter,
         family=layout.family,
         num_layers=mtp_start_layer(layout.family, tcfg),
         mla="kv_lora_rank" in tcfg,
@@ -287,7 +291,7 @@ def _mixed(
         if not any(ExclusionPattern(p, "modelopt", "source").matches(k) for k in keys)
     ]
     kv_algo = decl.kv_cache_algo if decl is not None else None
-    out = RewrittenConfigs(_hf_quant_doc(configs, layers, exclude, kv_algo), copy.deepcopy(configs.config))
+    out = RewrittenConfigs(_hf_quant_doc(configs, layers, exclude, kv_algo), copy_json(configs.config))
     _put_flat(out.config, configs, layers, exclude, kv_algo, body)
     out.excluded_modules = []
     _verify(out, before, {vllm_drafter_key(m, family, num_layers): a for m, a in drafter.items()})
@@ -308,14 +312,14 @@ def _hf_quant_doc(
     configs: QuantConfigs, layers: dict[str, dict[str, Any]], exclude: list[str], kv_algo: str | None
 ) -> dict[str, Any]:
     """hf_quant_config.json, nested form (ModelOpt's file; vLLM reads it only as a fallback)."""
-    doc = copy.deepcopy(configs.hf_quant) if isinstance(configs.hf_quant, dict) else {}
+    doc = copy_json(configs.hf_quant) if isinstance(configs.hf_quant, dict) else {}
     doc["producer"] = _producer(configs)
     old: dict[str, Any] = doc["quantization"] if isinstance(doc.get("quantization"), dict) else {}
     q = {k: v for k, v in old.items() if k not in _FLAT_REPLACED | {"kv_cache_quant_algo", "group_size"}}
     doc["quantization"] = {
         "quant_algo": "MIXED_PRECISION",
         "kv_cache_quant_algo": kv_algo,
-        "quantized_layers": copy.deepcopy(layers),
+        "quantized_layers": copy_json(layers),
         "exclude_modules": list(exclude),
         **q,
     }
@@ -338,14 +342,14 @@ def _put_flat(
         flat["quant_method"] = "modelopt"
     flat["producer"] = _producer(configs)
     if kv_algo == "FP8":
-        flat["kv_cache_scheme"] = copy.deepcopy(
+        flat["kv_cache_scheme"] = copy_json(
             (body or {}).get("kv_cache_scheme")
             if isinstance((body or {}).get("kv_cache_scheme"), dict)
             else None
         ) or dict(_KV_FP8_SCHEME)
     else:
         flat.pop("kv_cache_scheme", None)
-    flat["quantized_layers"] = copy.deepcopy(layers)
+    flat["quantized_layers"] = copy_json(layers)
     flat["ignore"] = list(exclude)
     if loc is None:
         config["quantization_config"] = flat
@@ -361,9 +365,15 @@ def _verify(out: RewrittenConfigs, before: Mapping[str, str | None], drafter: Ma
     docs = [QuantConfigs(out.config, None)]
     if out.hf_quant is not None:
         docs.append(QuantConfigs({}, out.hf_quant))
+    checked: list[tuple[Any, ...]] = []
     for doc in docs:
         new = declared_quant(doc)
         where = "config.json" if doc.hf_quant is None else HF_QUANT_JSON
+        # both files normally declare the same thing: resolving ~100k modules once is enough
+        same = (new.method, new.algo, list(new.exclude), new.quantized_layers)
+        if same in checked:
+            continue
+        checked.append(same)
         for module, algo in before.items():
             got = declared_algorithm(new, module)
             if got != algo:

@@ -29,6 +29,7 @@ from mtpconv.quantconfig.standard import (
     declare_drafter,
     vllm_drafter_key,
 )
+from mtpconv.weight_names import CheckpointModules
 
 BF16 = "BF16"
 REFUSED = "refuses to load"
@@ -157,11 +158,16 @@ def view_of_configs(
     return view
 
 
-def source_view(configs: QuantConfigs, tensors: Mapping[str, TensorInfo], layout: MtpLayout) -> StockView:
+def source_view(
+    configs: QuantConfigs,
+    tensors: Mapping[str, TensorInfo],
+    layout: MtpLayout,
+    known: CheckpointModules | None = None,
+) -> StockView:
     """What stock vLLM would get from the variant quantize-mtp writes for this source."""
     try:
         linears = ct.with_declared_layouts(configs, layout.linears)
-        rewritten, declaration = declare_drafter(configs, tensors, layout, fp8_linears=linears)
+        rewritten, declaration = declare_drafter(configs, tensors, layout, fp8_linears=linears, known=known)
     except MtpconvError as exc:
         return StockView(ViewOf.SOURCE, "", f"quantize-mtp would refuse: {exc}")
     return view_of_configs(

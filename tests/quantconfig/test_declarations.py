@@ -168,3 +168,39 @@ def test_lm_head_exclusion_also_declares_draft_head_unquantized() -> None:
 )
 def test_storage_format_of_algorithm(algo: str | None, expected: StorageFormat | None) -> None:
     assert storage_format_of_algorithm(algo) is expected
+
+
+def test_first_mixed_key_is_the_most_specific_of_mixed_keys() -> None:
+    from mtpconv.quantconfig.declarations import first_mixed_key, mixed_keys
+
+    layers = {
+        "model.layers.0.mlp.experts": "NVFP4",
+        "model.layers.0.mlp.experts.3.up_proj": "FP8",
+        "model.language_model.layers.1.self_attn": "NVFP4",
+        "lm_head": "FP8",
+        "mtp.fc": "FP8",
+    }
+    modules = [
+        "model.layers.0.mlp.experts.3.up_proj",  # itself before its parent
+        "model.layers.0.mlp.experts.4.up_proj",  # the parent
+        "language_model.model.layers.1.self_attn.q_proj",  # the other VLM prefix, a parent
+        "model.language_model.lm_head",
+        "model.language_model.mtp.fc",  # a drafter seen under mtp.
+        "model.layers.9.mlp.down_proj",  # nothing
+    ]
+    for module in modules:
+        keys = mixed_keys(layers, module)
+        assert first_mixed_key(layers, module) == (keys[0] if keys else None), module
+
+
+def test_exclusion_matcher_answers_alike_per_vllm_view() -> None:
+    from mtpconv.quantconfig.match import ExclusionMatcher
+
+    matcher = ExclusionMatcher("modelopt", ["model.layers.1.mlp.experts*", "*o_proj"], "test")
+    experts = [f"model.layers.{layer}.mlp.experts.{e}.gate_proj" for layer in (0, 1) for e in range(4)]
+    assert [matcher.excludes(m) for m in experts] == [False] * 4 + [True] * 4
+    assert matcher.excludes("model.layers.0.self_attn.o_proj")
+    assert not matcher.excludes("model.layers.0.self_attn.q_proj")
+    again = ExclusionMatcher("modelopt", ["model.layers.1.mlp.experts*", "*o_proj"], "test")
+    for m in [*experts, "model.layers.0.self_attn.o_proj", "model.layers.0.self_attn.q_proj"]:
+        assert again.excludes(m) == matcher.excludes(m)  # the memo never changes an answer
