@@ -485,7 +485,8 @@ def skinny_configs(t: int, sms: int) -> list[Any]:
         for bn, bk, warps in shapes:
             for progs in (4, 8, 12, 16):
                 for stages in (3, 4):
-                    cfgs.append(Config(False, bn, bk, warps, stages, progs * sms))
+                    for tma in (False, True) if bk <= 256 else (False,):
+                        cfgs.append(Config(False, bn, bk, warps, stages, progs * sms, 0, tma))
         return cfgs
     tiles = [
         (64, 128, 4, 4),
@@ -497,7 +498,8 @@ def skinny_configs(t: int, sms: int) -> list[Any]:
     ]
     for bn, bk, warps, progs in tiles:
         for stages in (3, 4):
-            cfgs.append(Config(True, bn, bk, warps, stages, progs * sms, 2))
+            for tma in (False, True):
+                cfgs.append(Config(True, bn, bk, warps, stages, progs * sms, 2, tma))
     return cfgs
 
 

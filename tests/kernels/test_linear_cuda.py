@@ -141,8 +141,21 @@ def test_skinny_split_k_matches_dequantized_reference(m: int, n: int, k: int, la
     base = ts.default_config(m, n, k, ts.sm_count(0))
     # no split, the default, and as many K pieces as the shape allows
     for programs in (1, 1 << 20):
-        for dot, mma in ((False, 0), (True, 0), (True, 1), (True, 2)):
-            cfg = base._replace(programs=programs, dot=dot, mma=mma)
+        for dot, mma, tma in (
+            (False, 0, False),
+            (True, 0, False),
+            (True, 1, False),
+            (True, 2, False),
+            (False, 0, True),
+            (True, 2, True),
+        ):
+            cfg = base._replace(
+                programs=programs,
+                dot=dot,
+                mma=mma,
+                tma=tma,
+                block_k=min(base.block_k, 256) if tma else base.block_k,
+            )
             y = ts.skinny_linear(x, w, s, b, config=cfg)
             # mma=2 rounds the activations to FP8 (one scale per token and K tile): W8A8 error
             assert _rel(y, ref) < (6e-2 if mma == 2 else 1e-2), (cfg, _rel(y, ref))

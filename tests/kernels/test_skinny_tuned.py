@@ -11,7 +11,7 @@ def test_token_buckets() -> None:
 
 def test_every_tuned_entry_is_a_launchable_configuration() -> None:
     assert TUNED
-    for (tokens, n, k), (dot, block_n, block_k, warps, stages, waves, mma) in TUNED.items():
+    for (tokens, n, k), (dot, block_n, block_k, warps, stages, waves, mma, tma) in TUNED.items():
         assert tokens in (1, 4, 16) and n > 0 and k > 0
         assert dot == (tokens > 1), "FMA only at one token; the MMA from two"
         assert mma == (2 if dot else 0), "FP8 MMA (any activation range) or FMA"
@@ -19,3 +19,5 @@ def test_every_tuned_entry_is_a_launchable_configuration() -> None:
             assert v & (v - 1) == 0, "Triton tiles and warps are powers of two"
         assert block_k >= 128 or not dot  # the FP8 MMA's K tile
         assert 2 <= stages <= 4 and 1 <= waves <= 16
+        if tma:  # a TMA box is at most 256 elements a side; K rows 16-byte aligned
+            assert block_k <= 256 and block_n <= 256 and k % 16 == 0
