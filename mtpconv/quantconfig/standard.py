@@ -215,7 +215,8 @@ def declare_drafter(
         all_modules=known.modules | drafter,
         family=layout.family,
         num_layers=mtp_start_layer(layout.family, tcfg),
-        mla="kv_lora_rank" in tcfg,
+        # the row says so where the config has no kv_lora_rank (DeepSeek-V4's MLA)
+        mla="kv_lora_rank" in tcfg or bool((row := family_row(layout.family)) and row.mla),
     )
 
 

@@ -39,6 +39,38 @@ def test_mla_target_with_fp8_kv_keeps_the_exclusion_style(tmp_path: Path) -> Non
     assert manifest is not None and manifest.drafter.declaration == "exclusion"
 
 
+def test_an_mla_row_without_kv_lora_rank_keeps_the_exclusion_style_too() -> None:
+    """DeepSeek-V4's config has no kv_lora_rank; its row's mla flag decides (KV-cache trap)."""
+    from mtpconv.families import family
+    from mtpconv.layouts import MtpLayout
+    from mtpconv.quantconfig.documents import QuantConfigs
+    from mtpconv.quantconfig.standard import declare_drafter
+
+    row = family("deepseek_v4")
+    assert row is not None and row.mla
+    hf_quant = {
+        "producer": {"name": "modelopt"},
+        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "exclude_modules": []},
+    }
+    configs = QuantConfigs({"model_type": "deepseek_v4", "num_hidden_layers": 2}, hf_quant)
+    layout = MtpLayout(
+        family="deepseek_v4",
+        model_type="deepseek_v4",
+        drafter_prefixes=("mtp.",),
+        drafter_tensors=[],
+        linears=[],
+        declared_layers=1,
+        found_layers=1,
+        embedding=None,
+        lm_head=None,
+        tie_word_embeddings=False,
+        hidden_size=None,
+        vocab_size=None,
+    )
+    _, declaration = declare_drafter(configs, {}, layout, fp8_linears=[])
+    assert declaration.style.value == "exclusion" and "MLAAttention" in declaration.reason
+
+
 def test_plain_nn_linear_drafter_modules_stay_bf16(tmp_path: Path) -> None:
     src = write_checkpoint(tmp_path / "src", Spec(family="deepseek_v3"))
     report = quantize_mtp(str(src), tmp_path / "dst", device="cpu")
