@@ -192,6 +192,15 @@ def _source_layer_entry(
     return entry
 
 
+def is_mla(tcfg: Mapping[str, Any]) -> bool:
+    """Whether vLLM builds the target's attention as MLA, by its own rule
+    (``model_arch_config_convertor.is_deepseek_mla``): DeepSeek-V4-style configs (with
+    ``compress_ratios``) by ``head_dim``, the others by ``kv_lora_rank``."""
+    if "compress_ratios" in tcfg:
+        return tcfg.get("head_dim") is not None
+    return tcfg.get("kv_lora_rank") is not None
+
+
 def declare_drafter(
     configs: QuantConfigs,
     tensors: Mapping[str, TensorInfo],
@@ -215,8 +224,7 @@ def declare_drafter(
         all_modules=known.modules | drafter,
         family=layout.family,
         num_layers=mtp_start_layer(layout.family, tcfg),
-        # the row says so where the config has no kv_lora_rank (DeepSeek-V4's MLA)
-        mla="kv_lora_rank" in tcfg or bool((row := family_row(layout.family)) and row.mla),
+        mla=is_mla(tcfg),
     )
 
 

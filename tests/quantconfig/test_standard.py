@@ -39,20 +39,20 @@ def test_mla_target_with_fp8_kv_keeps_the_exclusion_style(tmp_path: Path) -> Non
     assert manifest is not None and manifest.drafter.declaration == "exclusion"
 
 
-def test_an_mla_row_without_kv_lora_rank_keeps_the_exclusion_style_too() -> None:
-    """DeepSeek-V4's config has no kv_lora_rank; its row's mla flag decides (KV-cache trap)."""
-    from mtpconv.families import family
+def test_deepseek_v4_mla_without_kv_lora_rank_keeps_the_exclusion_style_too() -> None:
+    """DeepSeek-V4's config has no kv_lora_rank: vLLM calls it MLA by compress_ratios +
+    head_dim (is_deepseek_mla), and so does the KV-cache trap check."""
     from mtpconv.layouts import MtpLayout
     from mtpconv.quantconfig.documents import QuantConfigs
-    from mtpconv.quantconfig.standard import declare_drafter
+    from mtpconv.quantconfig.standard import declare_drafter, is_mla
 
-    row = family("deepseek_v4")
-    assert row is not None and row.mla
+    assert not is_mla({"compress_ratios": [1, 4]}) and not is_mla({"model_type": "deepseek_v3"})
     hf_quant = {
         "producer": {"name": "modelopt"},
         "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "exclude_modules": []},
     }
-    configs = QuantConfigs({"model_type": "deepseek_v4", "num_hidden_layers": 2}, hf_quant)
+    v4 = {"model_type": "deepseek_v4", "num_hidden_layers": 2, "compress_ratios": [1, 4], "head_dim": 64}
+    configs = QuantConfigs(v4, hf_quant)
     layout = MtpLayout(
         family="deepseek_v4",
         model_type="deepseek_v4",

@@ -16,6 +16,7 @@ method class and whether ``k_scale`` became a loadable parameter.
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -26,12 +27,10 @@ import pytest
 
 from mtpconv.checkpoint.index import load_checkpoint_files
 from mtpconv.commands.quantize_mtp import quantize_mtp
-from mtpconv.families import mtp_start_layer
-from mtpconv.layouts import detect_layout, module_of, text_config
-from mtpconv.quantconfig.documents import load_quant_configs
-from mtpconv.quantconfig.standard import DeclarationStyle, standard_configs
+from mtpconv.layouts import detect_layout
+from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
+from mtpconv.quantconfig.standard import DeclarationStyle, declare_drafter
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
-from mtpconv.weight_names import CheckpointModules
 
 _ORACLE = r"""
 import json, sys, types
@@ -81,22 +80,14 @@ def _quant_config(directory: Path) -> dict[str, Any]:
 
 
 def _mixed_declaration(src: Path) -> dict[str, Any]:
-    """What quantize-mtp would declare if the target were not MLA (the MIXED form): the
-    declaration with its MLA guard (``kv_lora_rank`` or the family row's flag) told no."""
+    """What quantize-mtp would declare if the target were not MLA (the MIXED form)."""
     configs = load_quant_configs(src)
+    not_mla = copy.deepcopy(configs.config)
+    del not_mla["kv_lora_rank"]
     files = load_checkpoint_files(src)
-    layout = detect_layout(configs.config, files.tensors)
-    known = CheckpointModules.of(files.tensors)
-    drafter = {module_of(n) for n in layout.drafter_tensors}
-    rewritten, decl = standard_configs(
-        configs,
-        fp8_linears=layout.linears,
-        drafter_modules=sorted(drafter),
-        target_linears=[m for m in known.linears if m not in drafter],
-        all_modules=known.modules | drafter,
-        family=layout.family,
-        num_layers=mtp_start_layer(layout.family, text_config(configs.config)),
-        mla=False,
+    layout = detect_layout(not_mla, files.tensors)
+    rewritten, decl = declare_drafter(
+        QuantConfigs(not_mla, configs.hf_quant), files.tensors, layout, fp8_linears=layout.linears
     )
     assert decl.style is DeclarationStyle.STANDARD
     qc: dict[str, Any] = rewritten.config["quantization_config"]
