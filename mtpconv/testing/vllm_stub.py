@@ -7,16 +7,21 @@ kernels for ``torchvision::nms`` (DESIGN §6). vLLM's Qwen3.5 code only needs
 hide torchaudio/torchcodec. Applied in every Python process of the vLLM tests and
 scripts: in-process by :func:`use_in_this_environment`, and through
 ``vllm_site/sitecustomize.py`` on ``PYTHONPATH`` in the processes vLLM spawns
-(e.g. its model-registry inspection). Not used by mtpconv itself.
+(e.g. its model-registry inspection), and first thing in the scripts
+:func:`run_with_vllm` runs (the tests' oracles on vLLM's own classes). Not used by
+mtpconv itself.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 SITE_DIR = Path(__file__).with_name("vllm_site")
 # Read at import time by vLLM / huggingface_hub: fast, deterministic, offline, one process.
@@ -44,3 +49,24 @@ def use_in_this_environment() -> None:
         os.environ.setdefault(key, value)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE_DIR), os.environ.get("PYTHONPATH")) if p)
     apply()
+
+
+_PRELUDE = "from mtpconv.testing.vllm_stub import apply\napply()\n"
+
+
+def run_with_vllm(script: str, payload: Any, *, timeout: int = 600) -> Any:
+    """Run ``script`` in a fresh Python where ``import vllm`` works (:func:`apply` first),
+    ``payload`` as JSON on its stdin; return the JSON document it prints on stdout.
+
+    A failing script raises ``AssertionError`` with the end of its stderr (these are the
+    tests' oracles: vLLM's own code asked about names, configs and layers)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + script],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"the vLLM script exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)

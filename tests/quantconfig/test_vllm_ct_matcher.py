@@ -12,8 +12,6 @@ the model's mapper applied to the config and the names, and its packed-module ma
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +24,10 @@ from mtpconv.layouts import linear_modules
 from mtpconv.names import drafter_alias
 from mtpconv.quantconfig.match import FUSED_INTO, ExclusionMatcher
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
+from mtpconv.testing.vllm_stub import run_with_vllm
 
 _ORACLE = r"""
-import json, sys, types
-for n in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
-    sys.modules[n] = types.ModuleType(n)
-for n in ("torchaudio", "torchcodec"):
-    sys.modules[n] = None
+import json, sys
 from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
     CompressedTensorsConfig)
 from vllm.model_executor.layers.quantization.compressed_tensors.utils import should_ignore_layer
@@ -116,16 +111,9 @@ def test_ct_ignore_rule_agrees_with_vllm(tmp_path: Path) -> None:
         for doc in docs:
             jobs.append((spec.vlm, doc, modules))
     names_job = [(vlm, doc, sorted({_vllm_name(m) for m in mods})) for vlm, doc, mods in jobs]
-    proc = subprocess.run(
-        [sys.executable, "-c", _ORACLE],
-        input=json.dumps(names_job),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    answers = run_with_vllm(_ORACLE, names_job, timeout=300)
     checked = 0
-    for (_, doc, mods), vllm_says in zip(jobs, json.loads(proc.stdout), strict=True):
+    for (_, doc, mods), vllm_says in zip(jobs, answers, strict=True):
         ours = ExclusionMatcher("compressed-tensors", doc["ignore"], "config.json")
         by_name: dict[str, set[bool]] = {}
         for m in mods:

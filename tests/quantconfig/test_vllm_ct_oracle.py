@@ -14,8 +14,6 @@ run here, so for them this config-level check is the proof.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +24,10 @@ from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.layouts import linear_modules
 from mtpconv.quantconfig.match import vllm_view
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
+from mtpconv.testing.vllm_stub import run_with_vllm
 
 _ORACLE = r"""
 import json, socket, sys, types
-for n in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
-    sys.modules[n] = types.ModuleType(n)
-for n in ("torchaudio", "torchcodec"):
-    sys.modules[n] = None
 import torch
 from safetensors import safe_open
 from vllm.config import VllmConfig, set_current_vllm_config
@@ -133,11 +128,7 @@ def test_vllm_reads_the_ct_variant_drafter_as_fp8_and_the_target_as_before(tmp_p
         ),
         _case(tmp_path, "bf16-drafter", Spec(family="qwen3_5_moe", quant="ct_nvfp4", shards=2)),
     ]
-    proc = subprocess.run(
-        [sys.executable, "-c", _ORACLE], input=json.dumps(cases), capture_output=True, text=True, timeout=400
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    answers = json.loads(proc.stdout)
+    answers = run_with_vllm(_ORACLE, cases, timeout=400)
     for case, res in zip(cases, answers, strict=True):
         assert res["kv"][0] == res["kv"][1]
         assert any(s is not None for pair in res["target"].values() for s in pair[0])  # NVFP4 target layers

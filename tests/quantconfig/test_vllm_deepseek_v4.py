@@ -10,9 +10,6 @@ of a converted variant, vLLM's functions must land on the rule's name for each F
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,14 +17,11 @@ import pytest
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.quantconfig.standard import vllm_drafter_key
 from mtpconv.testing.family_checkpoints import LAYERS, write_family_checkpoint
+from mtpconv.testing.vllm_stub import run_with_vllm
 from tests.helpers import raw_tensors
 
 _NAMES = r"""
 import json, sys, types
-for n in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
-    sys.modules[n] = types.ModuleType(n)
-for n in ("torchaudio", "torchcodec"):
-    sys.modules[n] = None
 from vllm.models.deepseek_v4.nvidia import mtp
 n_layers, names = json.load(sys.stdin)
 me = types.SimpleNamespace(config=types.SimpleNamespace(num_hidden_layers=n_layers, num_nextn_predict_layers=1))
@@ -46,15 +40,7 @@ def test_vllm_names_each_deepseek_v4_drafter_linear_as_the_declaration_does(tmp_
     src = write_family_checkpoint(tmp_path / "src", "deepseek_v4")
     report = quantize_mtp(str(src), tmp_path / "dst", device="cpu")
     names = sorted(n for n in raw_tensors(tmp_path / "dst") if n.startswith("mtp."))
-    proc = subprocess.run(
-        [sys.executable, "-c", _NAMES],
-        input=json.dumps([LAYERS, names]),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    params = json.loads(proc.stdout)
+    params = run_with_vllm(_NAMES, [LAYERS, names], timeout=600)
     assert all(params.values()), [n for n, p in params.items() if p is None]  # vLLM reads them all
     assert report.plan.linears
     for lin in report.plan.linears:

@@ -10,8 +10,6 @@ the exclusion style: there the variant's NVFP4 config must exclude the drafter i
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +21,10 @@ from mtpconv.families import BY_NAME, mtp_start_layer
 from mtpconv.layouts import linear_modules
 from mtpconv.quantconfig.standard import vllm_drafter_key
 from mtpconv.testing.family_checkpoints import BUILDERS, write_family_checkpoint
+from mtpconv.testing.vllm_stub import run_with_vllm
 
 _ORACLE = r"""
-import importlib, json, sys, types
-for n in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
-    sys.modules[n] = types.ModuleType(n)
-for n in ("torchaudio", "torchcodec"):
-    sys.modules[n] = None
+import importlib, json, sys
 from vllm.model_executor.layers.quantization.modelopt import (
     LINEAR_ALGOS, ModelOptMixedPrecisionConfig, ModelOptNvFp4Config)
 from vllm.model_executor.model_loader.utils import configure_quant_config
@@ -122,15 +117,8 @@ def _case(tmp: Path, name: str, quant: str) -> tuple[Any, Any, list[str], list[s
 def test_vllm_reads_every_family_drafter_as_fp8_and_the_target_as_before(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
     cases = {f"{n}-{q}": _case(tmp_path / f"{n}-{q}", n, q) for n, q in CASES}
-    proc = subprocess.run(
-        [sys.executable, "-c", _ORACLE],
-        input=json.dumps(list(cases.values())),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for case, res in zip(cases, json.loads(proc.stdout), strict=True):
+    answers = run_with_vllm(_ORACLE, list(cases.values()), timeout=600)
+    for case, res in zip(cases, answers, strict=True):
         name, quant = case.rsplit("-", 1)
         kv_trap = BY_NAME[name].mla and quant == "nvfp4"
         assert res["mixed"] is not kv_trap, case  # MLA + quantized KV: the exclusion style
@@ -148,11 +136,7 @@ def test_vllm_reads_every_family_drafter_as_fp8_and_the_target_as_before(tmp_pat
 
 
 _KIMI_K3_ORACLE = r"""
-import json, sys, types
-for n in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
-    sys.modules[n] = types.ModuleType(n)
-for n in ("torchaudio", "torchcodec"):
-    sys.modules[n] = None
+import json, sys
 from vllm.model_executor.layers.quantization.modelopt import ModelOptMixedPrecisionConfig
 from vllm.models.kimi_k3.nvidia.model import KimiLinearModel, get_spec_layer_idx_from_weight_name
 from vllm.models.kimi_k3.nvidia.mtp import KimiK3MTP
@@ -195,15 +179,9 @@ def test_kimi_k3_drafter_resolves_fp8_under_the_prefixes_vllm_builds(tmp_path: P
     config = json.loads((tmp_path / "dst" / "config.json").read_text())
     modules = sorted(lin.module for lin in report.plan.linears)
     assert any(m.endswith(".w1") for m in modules) and any(m.endswith(".g_proj") for m in modules)
-    proc = subprocess.run(
-        [sys.executable, "-c", _KIMI_K3_ORACLE],
-        input=json.dumps([config["text_config"], modules, config["quantization_config"]]),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    got = run_with_vllm(
+        _KIMI_K3_ORACLE, [config["text_config"], modules, config["quantization_config"]], timeout=600
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout)
     keys = {vllm_drafter_key(m, "kimi_k3", 2) for m in modules}
     for module, (prefix, algo) in got.items():
         assert vllm_layer(vllm_drafter_key(module, "kimi_k3", 2), keys, "kimi_k3") == prefix, module

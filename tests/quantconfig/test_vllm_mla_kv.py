@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +29,10 @@ from mtpconv.layouts import detect_layout
 from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
 from mtpconv.quantconfig.standard import DeclarationStyle, declare_drafter
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
+from mtpconv.testing.vllm_stub import run_with_vllm
 
 _ORACLE = r"""
-import json, sys, types
-for n in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
-    sys.modules[n] = types.ModuleType(n)
-for n in ("torchaudio", "torchcodec"):
-    sys.modules[n] = None
+import json, sys
 import torch
 from torch import nn
 from vllm.model_executor.layers.attention.attention import Attention, _init_kv_cache_quant
@@ -115,15 +110,7 @@ def test_every_attention_layer_keeps_its_kv_cache_method(tmp_path: Path) -> None
         ("mixed", _mixed_declaration(src), prefixes),
         ("fp8", fp8, prefixes),
     ]
-    proc = subprocess.run(
-        [sys.executable, "-c", _ORACLE],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout)
+    res = run_with_vllm(_ORACLE, cases, timeout=600)
     assert res["source"]["class"] == res["variant"]["class"] == "modelopt_fp4"
     assert res["mixed"]["class"] == "modelopt_mixed" and res["fp8"]["class"] == "modelopt"
     for prefix in prefixes:

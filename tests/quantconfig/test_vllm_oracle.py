@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -13,6 +10,7 @@ import pytest
 from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
 from mtpconv.quantconfig.documents import QuantConfigs
 from mtpconv.quantconfig.rewrite import fixed_exclusion_configs, variant_configs
+from mtpconv.testing.vllm_stub import run_with_vllm
 from tests.quantconfig.helpers import (
     nvfp4_gap,
 )
@@ -26,11 +24,7 @@ from tests.quantconfig.samples import (
 # ------------------------------------------------------------ oracle: vLLM's own code
 
 _ORACLE = r"""
-import json, sys, types
-for n in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
-    sys.modules[n] = types.ModuleType(n)
-for n in ("torchaudio", "torchcodec"):
-    sys.modules[n] = None
+import json, sys
 from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
     CompressedTensorsConfig)
 from vllm.model_executor.layers.quantization.modelopt import (
@@ -148,11 +142,7 @@ def test_matching_agrees_with_vllm() -> None:
         )
         cases.append(("ct", compressed_tensors_nvfp4_config(), modules))
     job = [(kind, doc, sorted({vllm_layer(m) for m in mods})) for kind, doc, mods in cases]
-    proc = subprocess.run(
-        [sys.executable, "-c", _ORACLE], input=json.dumps(job), capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    answers = json.loads(proc.stdout)
+    answers = run_with_vllm(_ORACLE, job, timeout=300)
     for (kind, doc, mods), vllm_says in zip(cases, answers, strict=True):
         if kind == "nvfp4":
             decl = declared_quant(QuantConfigs(qwen35_moe_config(None), doc))

