@@ -1,10 +1,12 @@
 """Checkpoint names: the prefixes multimodal checkpoints put before the text model.
 
 Written once: layouts, the quant-config matcher and the vLLM plugin all strip and
-compare names through this module.
+compare names through this module; the reports fold routed experts' names here.
 """
 
 from __future__ import annotations
+
+import re
 
 # Where a VLM checkpoint keeps its language model, longest first.
 TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.")
@@ -42,3 +44,11 @@ def drafter_alias(module: str) -> str | None:
         if module.startswith(prefix) and module[len(prefix) :].startswith("mtp."):
             return module[len(prefix) :]
     return None
+
+
+_EXPERT_INDEX = re.compile(r"\.experts\.\d+\.")
+
+
+def fold_expert_index(name: str) -> str:
+    """``...experts.17.up_proj`` -> ``...experts.*.up_proj``: one name for every routed expert."""
+    return _EXPERT_INDEX.sub(".experts.*.", name)

@@ -8,7 +8,6 @@ huggingface_hub) into CLI start-up.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,6 +18,7 @@ from rich.table import Table
 from mtpconv import console
 from mtpconv.console import out_console
 from mtpconv.findings import Severity
+from mtpconv.names import fold_expert_index
 from mtpconv.units import human_bytes
 
 if TYPE_CHECKING:
@@ -131,16 +131,13 @@ def render_inspect(r: InspectReport) -> None:
         c.print("[green]No findings: the quant config matches the stored tensors.[/green]")
 
 
-_EXPERT_INDEX = re.compile(r"\.experts\.\d+\.")
-
-
 def _expert_groups(rows: list[TensorRow]) -> list[tuple[str, TensorRow, int]]:
     """The drafter's tensors with routed experts folded: one ``experts.*`` row per tensor
     kind that every expert stores alike, with how many there are (a 512-expert drafter is
     a few rows, not 1,500; ``--json`` lists each tensor)."""
     groups: dict[tuple[object, ...], list[Any]] = {}
     for row in rows:
-        name = _EXPERT_INDEX.sub(".experts.*.", row.name)
+        name = fold_expert_index(row.name)
         key = (name, row.dtype, row.shape, row.format, row.role, row.declared)
         if key in groups:
             groups[key][2] += 1

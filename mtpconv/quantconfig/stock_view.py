@@ -9,7 +9,6 @@ sees (`standard.vllm_drafter_key`), and what vLLM builds for it from its dispatc
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -19,6 +18,7 @@ from mtpconv.checkpoint.safetensors_io import TensorInfo
 from mtpconv.errors import MtpconvError
 from mtpconv.families import mtp_start_layer
 from mtpconv.layouts import Linear, MtpLayout, text_config
+from mtpconv.names import fold_expert_index
 from mtpconv.quantconfig import compressed_tensors as ct
 from mtpconv.quantconfig.declarations import DeclaredQuant, declared_algorithm, declared_quant
 from mtpconv.quantconfig.documents import QuantConfigs
@@ -33,7 +33,6 @@ from mtpconv.weight_names import CheckpointModules
 
 BF16 = "BF16"
 REFUSED = "refuses to load"
-_EXPERT_INDEX = re.compile(r"\.experts\.\d+\.")
 
 _WHY = {
     "FP8_PER_CHANNEL_PER_TOKEN": "per-channel weight scales, dynamic per-token activations "
@@ -151,7 +150,7 @@ def view_of_configs(
         else:
             key = vllm_drafter_key(module, layout.family, num_layers)
             gets, why = _reading(decl, kind, declared_algorithm(decl, key), module in fp8_modules)
-        shown = _EXPERT_INDEX.sub(".experts.*.", module) if kind is ModuleKind.EXPERTS else module
+        shown = fold_expert_index(module) if kind is ModuleKind.EXPERTS else module
         rows[(shown, kind, gets, why)] = rows.get((shown, kind, gets, why), 0) + 1
     view = StockView(of, style, reason)
     view.rows = [StockRow(m, k, g, w, n) for (m, k, g, w), n in rows.items()]
