@@ -30,13 +30,6 @@ from mtpconv.testing.vllm_stub import use_in_this_environment
 
 FRACTIONS = (0.125, 0.25, 0.5)
 BUILD_PROMPTS, SERVED_PROMPTS, MAX_TOKENS = 256, 64, 48
-ENGINE = dict(
-    dtype="bfloat16",
-    enforce_eager=True,
-    distributed_executor_backend="uni",
-    max_model_len=256,
-    enable_prefix_caching=False,
-)
 
 
 def _prefixes(n: int, seed: int) -> list[str]:
@@ -92,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     from mtpconv.commands.build_draft_vocab import build_draft_vocab
     from mtpconv.draft_vocab.generate import SamplingSettings
     from mtpconv.testing.trained import grammar_text
-    from mtpconv.testing.vllm_run import quantize_mtp
+    from mtpconv.testing.vllm_run import CPU_ENGINE, quantize_mtp
 
     work = a.workdir or Path(tempfile.mkdtemp(prefix="mtpconv-study-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -125,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
                     generate=build,
                     eval_prompts=held,
                     sampling=sampling,
-                    engine_args=ENGINE,
+                    engine_args=CPU_ENGINE,
                 )
                 held_cov = r.eval_generated.coverage if r.eval_generated else None
             path = quantize_mtp(a.model, work / f"fp8_{how}_{k_ids}", "--draft-vocab", str(ids_file))

@@ -10,10 +10,13 @@ few MB). Then times, side by side in one run, the best of ``--repeat``:
   * ``mtpconv inspect``, ``mtpconv quantize-mtp --dry-run`` and ``mtpconv fix-exclusions
     --dry-run`` of the large one,
 
-with each command's CPU seconds, and prints a Markdown table.
+with each command's CPU seconds, and prints a Markdown table. ``--phases`` instead
+times inspect's steps in this process on the large checkpoint: reading the headers with
+CPython's cyclic collector on and off, then (collector off, as the commands run them)
+the layout, the stock-vLLM view and the audit.
 
     python scripts/bench_inspect.py [--dir /tmp/mtpconv-bench-inspect] [--layers 60]
-        [--experts 512] [--repeat 3] [--mtpconv mtpconv]
+        [--experts 512] [--repeat 3] [--mtpconv mtpconv] [--phases]
 
 ``--mtpconv`` may name another checkout's entry (e.g. ``"python -m mtpconv"`` with its
 ``PYTHONPATH``) to compare two versions on the same files.
@@ -22,6 +25,8 @@ with each command's CPU seconds, and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
 import resource
@@ -30,6 +35,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
 
@@ -52,6 +59,46 @@ def _best(cmd: list[str], repeat: int) -> tuple[float, float]:
     return min(runs)
 
 
+def _phases(large: Path, tensors: int) -> None:
+    """inspect's steps, timed in this process (wall seconds, one run each)."""
+    from mtpconv.checkpoint.index import load_checkpoint_files
+    from mtpconv.layouts import detect_layout, module_of
+    from mtpconv.quantconfig.audit import audit_quant_configs
+    from mtpconv.quantconfig.documents import load_quant_configs
+    from mtpconv.quantconfig.stock_view import source_view
+    from mtpconv.weight_names import CheckpointModules
+
+    def timed(step: Any) -> tuple[Any, float]:
+        start = time.perf_counter()
+        out = step()
+        return out, time.perf_counter() - start
+
+    rows = []
+    with mock.patch("mtpconv.checkpoint.index.paused_gc", contextlib.nullcontext):
+        _, with_gc = timed(lambda: load_checkpoint_files(large))
+    rows.append(("read headers and index, collector on", with_gc))
+    gc.collect()
+    gc.disable()
+    files, t = timed(lambda: load_checkpoint_files(large))
+    rows.append(("read headers and index, collector off", t))
+    configs = load_quant_configs(large)
+    layout, t = timed(lambda: detect_layout(configs.config, files.tensors))
+    rows.append(("find the drafter (detect_layout)", t))
+    known, t = timed(lambda: CheckpointModules.of(files.tensors))
+    rows.append(("the checkpoint's modules and linears", t))
+    _, t = timed(lambda: source_view(configs, files.tensors, layout, known))
+    rows.append(("what stock vLLM would read (declaration + verification)", t))
+    drafter = {module_of(n) for n in layout.drafter_tensors}
+    _, t = timed(lambda: audit_quant_configs(configs, known.linears, drafter, all_modules=known.modules))
+    rows.append(("the quant-config audit", t))
+    gc.enable()
+    print(f"\n{tensors:,} tensors; in-process, one run each\n")
+    print("| step | wall s |")
+    print("|---|---|")
+    for label, sec in rows:
+        print(f"| {label} | {sec:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/mtpconv-bench-inspect"))
@@ -59,6 +106,7 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=512)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--mtpconv", default="mtpconv", help="the command to time (default: mtpconv)")
+    ap.add_argument("--phases", action="store_true", help="time inspect's steps in this process")
     args = ap.parse_args()
     large = args.dir / f"qwen3.5-moe-nvfp4-{args.layers}x{args.experts}"
     tiny = args.dir / "tiny"
@@ -79,6 +127,9 @@ def main() -> None:
     if not (tiny / "config.json").is_file():
         write_checkpoint(tiny, Spec(family="qwen3_5_moe", quant="nvfp4"))
     tensors = len(json.loads((large / "model.safetensors.index.json").read_text())["weight_map"])
+    if args.phases:
+        _phases(large, tensors)
+        return
     tool = shlex.split(args.mtpconv)
     out = args.dir / "out"
     cases = [

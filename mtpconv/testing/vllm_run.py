@@ -106,6 +106,17 @@ def describe_plain_and_target(worker: Any) -> dict[str, dict[str, list[str]]]:
     return {"plain": plain, "target": target}
 
 
+# The engine settings every in-process CPU run of the tests and scripts uses (serve, and
+# build-draft-vocab --generate's engine in the generated-vocabulary tests and study).
+CPU_ENGINE: dict[str, Any] = dict(
+    dtype="bfloat16",
+    enforce_eager=True,
+    distributed_executor_backend="uni",
+    max_model_len=256,
+    enable_prefix_caching=False,
+)
+
+
 @contextmanager
 def serve(
     model: Path, *, spec: bool = True, spec_extra: dict[str, Any] | None = None, **kwargs: Any
@@ -114,15 +125,7 @@ def serve(
     from vllm import LLM
 
     args: dict[str, Any] = dict(
-        model=str(model),
-        dtype="bfloat16",
-        enforce_eager=True,
-        distributed_executor_backend="uni",
-        max_model_len=256,
-        max_num_seqs=8,
-        seed=0,
-        disable_log_stats=False,
-        enable_prefix_caching=False,
+        model=str(model), **CPU_ENGINE, max_num_seqs=8, seed=0, disable_log_stats=False
     )
     if spec:
         args["speculative_config"] = {

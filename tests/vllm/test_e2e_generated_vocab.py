@@ -14,21 +14,13 @@ import pytest
 
 from mtpconv.commands.build_draft_vocab import build_draft_vocab
 from mtpconv.draft_vocab.generate import SamplingSettings
-from mtpconv.testing.vllm_run import Run, planted_continuation, quantize_mtp, run
+from mtpconv.testing.vllm_run import CPU_ENGINE, Run, planted_continuation, quantize_mtp, run
 
 CORPUS = Path(__file__).parents[2] / "examples" / "corpus.jsonl"
 K = 128  # a quarter of the planted model's 512 ids
 MAX_TOKENS = 24
 # The build generates a little past what is served: the drafts of the last step look ahead.
 BUILD_TOKENS = MAX_TOKENS + 4
-# The same in-process CPU settings as mtpconv.testing.vllm_run.serve.
-ENGINE = dict(
-    dtype="bfloat16",
-    enforce_eager=True,
-    distributed_executor_backend="uni",
-    max_model_len=256,
-    enable_prefix_caching=False,
-)
 
 
 def _prompts() -> list[str]:
@@ -54,7 +46,7 @@ def built(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
         generate=prompts,
         eval_prompts=prompts,
         sampling=greedy,
-        engine_args=ENGINE,
+        engine_args=CPU_ENGINE,
     )
     corpus = build_draft_vocab(src, [CORPUS], K, root / "corpus.pt")
     tok = Tokenizer.from_file(str(src / "tokenizer.json"))
