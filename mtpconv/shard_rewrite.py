@@ -4,6 +4,10 @@ The source shard is read front to back (the plan orders its tensors by offset)
 and hashed by those same reads; drafter linears are quantized to FP8 in the
 calling thread; the output is hashed as it is written and fsynced once. Bounded
 queues between the stages keep a few tensors in memory, however large the shard.
+
+A 16-bit drafter on the CPU is quantized from views of the source shard by the
+numpy table (:mod:`mtpconv.formats.fp8_table`), so such a conversion never imports
+torch; NVFP4 sources, a CUDA device and the draft head go through torch.
 """
 
 from __future__ import annotations
@@ -11,40 +15,91 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
+import numpy as np
 
 from mtpconv.checkpoint.index import CheckpointFiles
 from mtpconv.checkpoint.reader import ShardReader, ShardStream
-from mtpconv.checkpoint.safetensors_io import tensor_from_bytes, torch_dtype
+from mtpconv.checkpoint.safetensors_io import TensorInfo, tensor_from_bytes
 from mtpconv.checkpoint.writer import ShardWriter, tensor_bytes
 from mtpconv.errors import ConversionError
-from mtpconv.formats.fp8 import (
-    Fp8Tensor,
+from mtpconv.formats.fp8_table import (
+    HALF_DTYPES,
     NonFiniteWeightError,
     QuantError,
-    quantize_fp8_checked,
-    stored_scale,
+    quantize_codes,
+    quantize_experts,
 )
-from mtpconv.formats.nvfp4 import dequantize_nvfp4, dequantize_nvfp4_ct
+from mtpconv.formats.scale_layout import replicate_scale
 from mtpconv.layouts import Linear, Stored, module_of
 from mtpconv.plan import OutKind, OutTensor, ShardPlan
 
+if TYPE_CHECKING:
+    import torch
 
-def _quantize(name: str, w: torch.Tensor, device: torch.device) -> tuple[Fp8Tensor, QuantError]:
+
+@dataclass(frozen=True)
+class Fp8Bytes:
+    """An FP8 result as the writer takes it: e4m3 bytes and the float32 scale (0-d or [E])."""
+
+    weight: np.ndarray
+    scale: np.ndarray
+
+
+@dataclass(frozen=True)
+class HalfCodes:
+    """A 16-bit source weight as its bit patterns (a view of the source shard): the
+    table path quantizes it with numpy alone, so a CPU conversion needs no torch."""
+
+    codes: np.ndarray
+    dtype: str  # "BF16" or "F16"
+
+
+def _non_finite(name: str, exc: NonFiniteWeightError) -> ConversionError:
+    return ConversionError(
+        f"{name} has {exc.count} NaN/Inf values; the source checkpoint is "
+        "corrupt, so no FP8 drafter can be made from it."
+    )
+
+
+def _quantize(name: str, w: HalfCodes | torch.Tensor, device: str) -> tuple[Fp8Bytes, QuantError]:
+    """FP8 of one weight: 16-bit patterns by the numpy table, anything else through torch
+    on ``device`` (NVFP4 dequantized to float32, a CUDA conversion, the draft head)."""
     try:
-        return quantize_fp8_checked(w.to(device))
+        if isinstance(w, HalfCodes):
+            if w.codes.ndim == 3:
+                q, scales, error = quantize_experts(w.codes, w.dtype)
+                return Fp8Bytes(q, scales), error
+            r = quantize_codes(w.codes, w.dtype)
+            return Fp8Bytes(r.codes, np.asarray(r.scale, dtype=np.float32)), r.error
+        import torch
+
+        from mtpconv.formats.fp8 import quantize_fp8_checked
+
+        fp8, error = quantize_fp8_checked(w.to(device))
+        weight = fp8.weight.view(torch.uint8).cpu().numpy()
+        return Fp8Bytes(weight, fp8.scale.to(torch.float32).cpu().numpy()), error
     except NonFiniteWeightError as exc:
-        raise ConversionError(
-            f"{name} has {exc.count} NaN/Inf values; the source checkpoint is "
-            "corrupt, so no FP8 drafter can be made from it."
-        ) from None
+        raise _non_finite(name, exc) from None
+
+
+def _array_bytes(a: np.ndarray) -> memoryview:
+    """The bytes of ``a`` in C order, without a copy when it is contiguous."""
+    return memoryview(np.ascontiguousarray(a)).cast("B")  # type: ignore[arg-type]
+
+
+def _uses_table(info: TensorInfo, device: str) -> bool:
+    """Whether a plain source weight takes the numpy table path (16-bit, on the CPU)."""
+    return device == "cpu" and info.dtype in HALF_DTYPES and len(info.shape) in (2, 3)
 
 
 def _source_weight(tensor: Callable[[str], torch.Tensor], lin: Linear) -> torch.Tensor:
     """The drafter weight as stored (float32 when NVFP4, dequantized exactly)."""
+    from mtpconv.formats.nvfp4 import dequantize_nvfp4, dequantize_nvfp4_ct
+
     if lin.stored is Stored.NVFP4:
         module = lin.module
         return dequantize_nvfp4(
@@ -61,6 +116,8 @@ def _source_weight(tensor: Callable[[str], torch.Tensor], lin: Linear) -> torch.
 def head_rows(reader: ShardReader, source: str, ids: torch.Tensor) -> torch.Tensor:
     """``head[ids]`` as stored; for an NVFP4 head only the chosen rows are dequantized."""
     if reader.info(source).dtype == "U8":
+        from mtpconv.formats.nvfp4 import dequantize_nvfp4
+
         module = module_of(source)
         return dequantize_nvfp4(
             reader.tensor(source)[ids],
@@ -79,6 +136,8 @@ _FP8_PARTS: dict[OutKind, _Part] = {
     OutKind.DRAFT_HEAD: "weight",
     OutKind.DRAFT_HEAD_SCALE: "scale",
 }
+# The safetensors dtype each part is written as.
+_PART_DTYPES: dict[_Part, str] = {"weight": "F8_E4M3", "scale": "F32"}
 
 
 # A rewritten shard flows through three stages: a reader thread (source bytes, in
@@ -126,16 +185,16 @@ class ShardJob:
     def __init__(
         self,
         reader: ShardReader,
-        device: torch.device,
+        device: str,
         advance: Callable[[int], None],
         head: tuple[str, torch.Tensor] | None = None,
     ) -> None:
         self.reader = reader
-        self.device = device
+        self.device = device  # "cpu", or a torch device name such as "cuda"
         self.advance = advance
         self.head = head  # the draft head's tensor name and its rows as stored
         self.errors: dict[str, QuantError] = {}
-        self._open: dict[str, tuple[Fp8Tensor, set[_Part]]] = {}
+        self._open: dict[str, tuple[Fp8Bytes, set[_Part]]] = {}
         self._loaded: set[str] = set()  # modules whose source weight the reader has sent
 
     def run(
@@ -235,12 +294,18 @@ class ShardJob:
         if t.kind in (OutKind.FP8_WEIGHT, OutKind.FP8_SCALE):
             lin = t.linear
             assert lin is not None
-            weight = None
+            weight: HalfCodes | torch.Tensor | None = None
             spans: list[tuple[int, int]] = []  # the source bytes this item reads
             if lin.module not in self._loaded:
                 assert stream is not None  # drafter linears live in source shards
                 self._loaded.add(lin.module)
-                weight = _source_weight(lambda n: self._tensor(stream, file, n, spans), lin)
+                info = self.reader.info(lin.weight)
+                if lin.stored is Stored.PLAIN and info.file == file and _uses_table(info, self.device):
+                    spans.append((info.start, info.end))
+                    codes = np.frombuffer(stream.read(info), dtype=np.uint16).reshape(info.shape)
+                    weight = HalfCodes(codes, info.dtype)
+                else:
+                    weight = _source_weight(lambda n: self._tensor(stream, file, n, spans), lin)
             return ("fp8", t, weight, spans)
         return ("head", t, None, [])
 
@@ -265,31 +330,36 @@ class ShardJob:
             lin = t.linear
             if weight is not None:  # the first of the linear's two parts
                 self._start(lin.module, lambda: _quantize(lin.weight, weight, self.device))
-            out = self._part(lin.module, _FP8_PARTS[t.kind])
+            part = _FP8_PARTS[t.kind]
+            out = self._part(lin.module, part)
             if t.kind is OutKind.FP8_SCALE:
                 # The per-tensor value, replicated into the declared layout (DESIGN §5).
-                out = stored_scale(out, lin.scale_layout, lin.shape, lin.fused_halves)
+                out = replicate_scale(out, lin.scale_layout, lin.shape, lin.fused_halves)
+            data, dtype = _array_bytes(out), _PART_DTYPES[part]
         else:
             assert self.head is not None
             head, rows = self.head
             if t.spec.dtype == "BF16":
-                out = rows.to(torch.bfloat16)
+                import torch
+
+                data, dtype = tensor_bytes(rows.to(torch.bfloat16)), "BF16"
             else:
                 module = module_of(head)
                 if module not in self._open:
                     self._start(module, lambda: _quantize(head, rows, self.device))
-                out = self._part(module, _FP8_PARTS[t.kind])
-        if torch_dtype(t.spec.dtype) != out.dtype:
-            raise AssertionError(f"writer expected {name} as {t.spec.dtype}, got {out.dtype}")
-        data = tensor_bytes(out)
+                part = _FP8_PARTS[t.kind]
+                data = _array_bytes(self._part(module, part))
+                dtype = _PART_DTYPES[part]
+        if dtype != t.spec.dtype:
+            raise AssertionError(f"writer expected {name} as {t.spec.dtype}, got {dtype}")
         yield name, len(data), data, True, None
 
-    def _start(self, module: str, make: Callable[[], tuple[Fp8Tensor, QuantError]]) -> None:
+    def _start(self, module: str, make: Callable[[], tuple[Fp8Bytes, QuantError]]) -> None:
         fp8, error = make()
         self.errors[module] = error
         self._open[module] = (fp8, {"weight", "scale"})
 
-    def _part(self, module: str, part: _Part) -> torch.Tensor:
+    def _part(self, module: str, part: _Part) -> np.ndarray:
         """One part of ``module``'s FP8 result; the result is dropped after its second part."""
         fp8, left = self._open[module]
         left.discard(part)

@@ -13,9 +13,7 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mtpconv.checkpoint.digests import HashAhead, known_lfs_digest, sha256_file
 from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles, load_checkpoint_files
@@ -23,7 +21,7 @@ from mtpconv.checkpoint.reader import ShardReader
 from mtpconv.checkpoint.source import Source
 from mtpconv.checkpoint.writer import IndexWriter, link_or_copy, write_json
 from mtpconv.errors import OutputError
-from mtpconv.formats.fp8 import QuantError
+from mtpconv.formats.fp8_table import QuantError
 from mtpconv.jsonio import dumps_json
 from mtpconv.manifest import (
     DRAFT_HEAD_FILE,
@@ -37,6 +35,9 @@ from mtpconv.manifest import (
 from mtpconv.plan import ConversionPlan, ShardAction
 from mtpconv.quantconfig.standard import DrafterDeclaration
 from mtpconv.shard_rewrite import ShardJob, head_rows
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Progress(Protocol):
@@ -57,7 +58,7 @@ class VariantInputs:
     config: dict[str, Any]  # the variant's config.json
     hf_quant_config: dict[str, Any] | None  # the variant's hf_quant_config.json (None: no such file)
     declaration: DrafterDeclaration | None = None  # how those configs declare the drafter
-    device: torch.device
+    device: str  # "cpu", or a torch device name such as "cuda"
     copy: bool = False  # copy untouched files instead of hard-linking them
     draft_ids: torch.Tensor | None = None  # the draft vocab's token ids, when there is one
     draft_ids_file: Path | None = None  # the ids file they were read from

@@ -1,8 +1,11 @@
-"""Header-only commands never import torch (it costs over a second at start-up).
+"""Header-only commands never import torch (it costs over a second at start-up), and
+neither does a CPU conversion of a 16-bit drafter.
 
 Each case runs the CLI in-process in a fresh interpreter and then looks at
 ``sys.modules``: ``inspect``, ``quantize-mtp --dry-run``, ``fix-exclusions`` and
-``verify`` read safetensors headers and JSON only.
+``verify`` read safetensors headers and JSON only; ``quantize-mtp`` of a BF16 drafter
+on the CPU quantizes it with numpy (mtpconv.formats.fp8_table). An NVFP4 drafter is
+dequantized by torch, so that conversion is the probe's check that it sees torch.
 """
 
 from __future__ import annotations
@@ -61,8 +64,20 @@ def test_header_only_command_imports_no_torch(
     assert _probe(args) == "EXIT 0 TORCH False"
 
 
-def test_the_probe_sees_torch_when_a_command_needs_it(checkpoints: tuple[Path, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_a_cpu_conversion_of_a_bf16_drafter_imports_no_torch(
+    device: str, checkpoints: tuple[Path, Path], tmp_path: Path
+) -> None:
+    if device == "auto" and any(map(os.path.exists, ("/proc/driver/nvidia/version", "/dev/nvidiactl"))):
+        pytest.skip("a GPU driver is present: --device auto asks torch whether CUDA works")
     src, _ = checkpoints
+    out = tmp_path / "v"
+    assert _probe(["quantize-mtp", str(src), str(out), "--device", device, "-q"]) == "EXIT 0 TORCH False"
+    assert _probe(["verify", str(out), "--json"]) == "EXIT 0 TORCH False"
+
+
+def test_the_probe_sees_torch_when_a_command_needs_it(tmp_path: Path) -> None:
+    src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5", drafter_quant="nvfp4"))
     assert _probe(["quantize-mtp", str(src), str(tmp_path / "v"), "--device", "cpu", "-q"]) == (
         "EXIT 0 TORCH True"
     )

@@ -201,15 +201,15 @@ def test_failure_mid_write_leaves_nothing(
     import mtpconv.shard_rewrite as variant
 
     calls = {"n": 0}
-    real = variant.quantize_fp8_checked
+    real = variant._quantize
 
-    def failing(w: torch.Tensor):  # type: ignore[no-untyped-def]
+    def failing(name, w, device):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 5:
             raise OSError(28, "No space left on device")
-        return real(w)
+        return real(name, w, device)
 
-    monkeypatch.setattr(variant, "quantize_fp8_checked", failing)
+    monkeypatch.setattr(variant, "_quantize", failing)
     digest = tree_digest(nvfp4_vlm_moe)
     with pytest.raises(OSError):
         quantize_mtp(str(nvfp4_vlm_moe), tmp_path / "v", device="cpu")

@@ -36,11 +36,11 @@ from mtpconv.quantconfig.rewrite import RewrittenConfigs
 from mtpconv.quantconfig.standard import DrafterDeclaration, declare_drafter
 
 if TYPE_CHECKING:
-    # torch (through the FP8 math and the writer) is imported only when a variant is
-    # written: --dry-run reads headers and needs none of it.
+    # torch is imported only where a conversion needs it (NVFP4 sources, CUDA, a draft
+    # vocabulary): --dry-run and a 16-bit CPU conversion need none of it.
     import torch
 
-    from mtpconv.formats.fp8 import QuantError
+    from mtpconv.formats.fp8_table import QuantError
     from mtpconv.variant import Progress
 
 
@@ -99,16 +99,27 @@ def _device_choice(device: str) -> Device:
         raise ConversionError(f"--device must be auto, cpu or cuda, not {device!r}.") from None
 
 
-def pick_device(device: str) -> torch.device:
-    """The torch device for ``device`` (a :class:`Device` value); CUDA must exist when asked for."""
+# Where a GPU's driver shows itself (NVIDIA, and ROCm's /dev/kfd): without any of these
+# torch.cuda.is_available() is False, so `--device auto` needs no torch to pick the CPU.
+_GPU_NODES = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/kfd")
+
+
+def pick_device(device: str) -> str:
+    """The device name for ``device`` (a :class:`Device` value); CUDA must exist when asked for.
+
+    ``cpu``, and ``auto`` on a machine without a GPU driver, are decided without importing
+    torch: a 16-bit CPU conversion never needs it.
+    """
+    choice = _device_choice(device)
+    if choice is Device.CPU or (choice is Device.AUTO and not any(map(os.path.exists, _GPU_NODES))):
+        return "cpu"
     import torch
 
-    choice = _device_choice(device)
     if choice is Device.AUTO:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice is Device.CUDA and not torch.cuda.is_available():
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
         raise ConversionError("--device cuda was given but no CUDA device is available.")
-    return torch.device(choice.value)
+    return "cuda"
 
 
 def variant_declaration(
@@ -165,7 +176,7 @@ def _draft_ids(draft_vocab: str | os.PathLike[str], layout: MtpLayout) -> tuple[
 
 def _shards_to_hash(files: CheckpointFiles, plan: ConversionPlan) -> list[Path]:
     """The source shards the variant rewrites whose sha256 nobody has recorded yet (for the
-    manifest's ``source.files``): hashing them needs no torch, so it starts before torch loads."""
+    manifest's ``source.files``), hashed in a background thread beside the conversion."""
     root = files.directory
     return [
         root / s.file
@@ -224,7 +235,7 @@ def quantize_mtp(
     )
     if dry_run:  # headers only: torch is never imported
         return report
-    hashes = HashAhead(_shards_to_hash(files, plan))  # on another core while torch loads
+    hashes = HashAhead(_shards_to_hash(files, plan))  # on another core while the conversion runs
     try:
         dev = pick_device(device)
         from mtpconv.variant import VariantInputs, write_variant
@@ -251,7 +262,7 @@ def quantize_mtp(
         hashes.cancel()  # a failed conversion leaves no hashing behind
     return replace(
         report,
-        device=str(dev),
+        device=dev,
         errors=written.errors,
         linked=written.linked,
         copied=written.copied,

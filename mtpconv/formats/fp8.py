@@ -15,19 +15,27 @@ from dataclasses import dataclass
 
 import torch
 
-from mtpconv.formats.fp8_table import (
-    HALF_DTYPES,
-    count_non_finite,
-    histogram_and_lookup,
-    is_non_finite_magnitude,
-    max_magnitude,
-)
-from mtpconv.formats.scale_layout import ScaleLayout, stored_scale_shape
+from mtpconv.formats.e4m3 import FP8_MAX
+from mtpconv.formats.fp8_table import TINY, NonFiniteWeightError, QuantError, quantize_codes, quantize_experts
+from mtpconv.formats.scale_layout import ScaleLayout, replicate_scale
+
+__all__ = [  # the torch API of the FP8 format; the numpy pieces it re-exports come first
+    "FP8_MAX",
+    "NonFiniteWeightError",
+    "QuantError",
+    "FP8_DTYPE",
+    "Fp8Tensor",
+    "fp8_scale",
+    "stored_scale",
+    "quantize_fp8",
+    "dequantize_fp8",
+    "quant_error",
+    "quantize_fp8_checked",
+]
 
 FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0
-# Smallest positive normal float32: keeps an all-zero weight finite (scale > 0).
-_TINY = torch.finfo(torch.float32).tiny
+# The 16-bit float dtypes the table path takes, by their safetensors names.
+_HALF_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 @dataclass(frozen=True)
@@ -38,20 +46,11 @@ class Fp8Tensor:
     scale: torch.Tensor
 
 
-@dataclass(frozen=True)
-class QuantError:
-    """How far a dequantized FP8 tensor is from the original."""
-
-    rel_l2: float
-    max_abs: float
-    amax: float
-
-
 def fp8_scale(w: torch.Tensor) -> torch.Tensor:
     """Per-tensor (2-D) or per-expert (3-D) float32 scale of ``w``."""
     w32 = w.to(torch.float32)
     amax = w32.abs().amax(dim=(1, 2)) if w32.dim() == 3 else w32.abs().amax()
-    return _div_fp8_max(torch.clamp(amax, min=_TINY))
+    return _div_fp8_max(torch.clamp(amax, min=float(TINY)))
 
 
 def _div_fp8_max(amax: torch.Tensor) -> torch.Tensor:
@@ -63,12 +62,9 @@ def _div_fp8_max(amax: torch.Tensor) -> torch.Tensor:
 def stored_scale(
     scale: torch.Tensor, layout: ScaleLayout, shape: tuple[int, ...], fused_halves: bool = False
 ) -> torch.Tensor:
-    """The per-tensor (0-d) or per-expert ([E]) ``scale`` replicated into ``layout``."""
-    target = stored_scale_shape(layout, shape, fused_halves)
-    s = scale.to(torch.float32)
-    lead = len(shape) - 2
-    s = s.reshape(*s.shape[:lead], *([1] * (len(target) - lead)))
-    return s.expand(target).contiguous()
+    """The per-tensor (0-d) or per-expert ([E]) ``scale`` replicated into ``layout``
+    (:func:`mtpconv.formats.scale_layout.replicate_scale`)."""
+    return torch.from_numpy(replicate_scale(scale.detach().cpu().numpy(), layout, shape, fused_halves))
 
 
 def _broadcast(scale: torch.Tensor, ndim: int) -> torch.Tensor:
@@ -109,49 +105,17 @@ def quant_error(original: torch.Tensor, fp8: Fp8Tensor) -> QuantError:
     )
 
 
-class NonFiniteWeightError(ValueError):
-    """The weight holds NaN or Inf: no FP8 scale can represent it."""
-
-    def __init__(self, count: int) -> None:
-        super().__init__(f"{count} NaN/Inf values")
-        self.count = count
-
-
-def _all_codes(dtype: torch.dtype) -> torch.Tensor:
-    """Every 16-bit pattern, viewed as ``dtype`` (index = bit pattern)."""
-    return torch.arange(1 << 16, dtype=torch.int32).to(torch.uint16).view(dtype)
-
-
 def _quantize_half_lut(w: torch.Tensor) -> tuple[Fp8Tensor, QuantError]:
-    """FP8 quantization of a 16-bit float CPU tensor through a 65,536-entry table.
-
-    The bytes are those of :func:`quantize_fp8` (same float32 operations, applied
-    once per pattern instead of once per element); amax, NaN/Inf and the error
-    statistics follow exactly from the patterns (:mod:`mtpconv.formats.fp8_table`).
-    """
-    codes = w.contiguous().view(torch.uint16).reshape(-1).numpy()
-    magnitude = max_magnitude(codes)
-    if is_non_finite_magnitude(magnitude, w.dtype):
-        raise NonFiniteWeightError(count_non_finite(codes, w.dtype))
-    values = _all_codes(w.dtype).to(torch.float32)
-    amax = values[magnitude]
-    scale = _div_fp8_max(torch.clamp(amax, min=_TINY))
-    finite = torch.isfinite(values)
-    safe = torch.where(finite, values, torch.zeros_like(values))
-    table = torch.clamp(safe / scale, -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    hist, q_bytes = histogram_and_lookup(codes, table.view(torch.uint8).numpy())
-    q = torch.from_numpy(q_bytes).view(FP8_DTYPE).reshape(w.shape)
-    present = torch.from_numpy(hist > 0)
-    diff = (table.to(torch.float32) * scale - safe).double()
-    counts = torch.from_numpy(hist).double()
-    ref_norm = float((counts * safe.double() ** 2).sum().sqrt())
-    err_norm = float((counts * diff**2).sum().sqrt())
-    error = QuantError(
-        rel_l2=err_norm / ref_norm if ref_norm > 0 else 0.0,
-        max_abs=float(diff.abs()[present].max()) if codes.size else 0.0,
-        amax=float(amax),
-    )
-    return Fp8Tensor(weight=q, scale=scale), error
+    """FP8 quantization of a 16-bit float CPU tensor through the 65,536-entry table
+    (:mod:`mtpconv.formats.fp8_table`): the bytes of :func:`quantize_fp8`, exact error
+    statistics; a 3-D tensor is quantized per expert."""
+    codes = w.contiguous().view(torch.uint16).numpy()
+    if w.dim() == 3:
+        q, scales, error = quantize_experts(codes, _HALF_NAMES[w.dtype])
+        return Fp8Tensor(torch.from_numpy(q).view(FP8_DTYPE), torch.from_numpy(scales)), error
+    r = quantize_codes(codes, _HALF_NAMES[w.dtype])
+    weight = torch.from_numpy(r.codes).view(FP8_DTYPE)
+    return Fp8Tensor(weight, torch.tensor(r.scale, dtype=torch.float32)), r.error
 
 
 def quantize_fp8_checked(w: torch.Tensor) -> tuple[Fp8Tensor, QuantError]:
@@ -160,17 +124,7 @@ def quantize_fp8_checked(w: torch.Tensor) -> tuple[Fp8Tensor, QuantError]:
     16-bit CPU weights take the exact table path; everything else (float32,
     CUDA tensors) the direct one. Fused 3-D experts are quantized per expert.
     """
-    if w.dim() == 3 and w.device.type == "cpu" and w.dtype in HALF_DTYPES:
-        parts = [_quantize_half_lut(w[e]) for e in range(w.shape[0])]
-        weight = torch.stack([p.weight for p, _ in parts])
-        scale = torch.stack([p.scale for p, _ in parts])
-        norms = [(e.rel_l2, float(torch.linalg.vector_norm(w[i].float()))) for i, (_, e) in enumerate(parts)]
-        total = sum(n * n for _, n in norms) ** 0.5
-        rel = (sum((r * n) ** 2 for r, n in norms) ** 0.5 / total) if total > 0 else 0.0
-        return Fp8Tensor(weight, scale), QuantError(
-            rel_l2=rel, max_abs=max(e.max_abs for _, e in parts), amax=max(e.amax for _, e in parts)
-        )
-    if w.dim() == 2 and w.device.type == "cpu" and w.dtype in HALF_DTYPES:
+    if w.dim() in (2, 3) and w.device.type == "cpu" and w.dtype in _HALF_NAMES:
         return _quantize_half_lut(w)
     amax = w.abs().amax()
     if not bool(torch.isfinite(amax)):
