@@ -112,9 +112,13 @@ def pattern_values(dtype: str) -> np.ndarray:
     return patterns.astype(np.uint16).view(np.float16).astype(np.float32)
 
 
-def histogram_and_lookup(codes: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(histogram of codes, table[codes])`` in one pass, on the CPU's threads."""
-    out = np.empty(codes.size, dtype=table.dtype)
+def histogram_and_lookup(
+    codes: np.ndarray, table: np.ndarray, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(histogram of codes, table[codes])`` in one pass, on the CPU's threads; the
+    lookup goes into ``out`` (1-D, ``codes.size`` elements of the table's dtype) if given."""
+    if out is None:
+        out = np.empty(codes.size, dtype=table.dtype)
 
     def span(bounds: tuple[int, int]) -> np.ndarray:
         lo, hi = bounds
@@ -137,11 +141,12 @@ def histogram_and_lookup(codes: np.ndarray, table: np.ndarray) -> tuple[np.ndarr
     return sum(hists, np.zeros(_PATTERNS, dtype=np.int64)), out
 
 
-def quantize_codes(codes: np.ndarray, dtype: str) -> TableResult:
+def quantize_codes(codes: np.ndarray, dtype: str, out: np.ndarray | None = None) -> TableResult:
     """FP8 quantization (per-tensor scale) of 16-bit patterns ``codes`` of ``dtype``.
 
     The bytes and scale are those of :func:`mtpconv.formats.fp8.quantize_fp8`; raises
-    :class:`NonFiniteWeightError` when a pattern is NaN or Inf.
+    :class:`NonFiniteWeightError` when a pattern is NaN or Inf. The bytes go into ``out``
+    (uint8, ``codes.size`` of them, e.g. a recycled buffer) when given.
     """
     flat = np.ascontiguousarray(codes).reshape(-1).view(np.uint16)
     magnitude = max_magnitude(flat)
@@ -153,7 +158,7 @@ def quantize_codes(codes: np.ndarray, dtype: str) -> TableResult:
     safe = np.where(np.isfinite(values), values, np.float32(0))
     with np.errstate(over="ignore"):  # beyond 448 * scale: clamped, as torch does silently
         table = encode_e4m3(np.clip(safe / scale, -FP8_MAX, FP8_MAX).astype(np.float32))
-    hist, q = histogram_and_lookup(flat, table)
+    hist, q = histogram_and_lookup(flat, table, None if out is None else out.reshape(-1))
     present = hist > 0
     diff = (decode_e4m3(table) * scale - safe).astype(np.float64)
     counts = hist.astype(np.float64)
@@ -169,12 +174,16 @@ def quantize_codes(codes: np.ndarray, dtype: str) -> TableResult:
     return TableResult(codes=q.reshape(codes.shape), scale=scale, error=error, norm=norm)
 
 
-def quantize_experts(codes: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray, QuantError]:
+def quantize_experts(
+    codes: np.ndarray, dtype: str, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, QuantError]:
     """Fused experts ``[E, out, in]`` of 16-bit patterns: one table and scale per expert.
 
-    Returns the FP8 bytes, the ``[E]`` float32 scales and the error over all experts.
+    Returns the FP8 bytes (in ``out`` when given, as for :func:`quantize_codes`), the
+    ``[E]`` float32 scales and the error over all experts.
     """
-    parts = [quantize_codes(codes[e], dtype) for e in range(codes.shape[0])]
+    q = (np.empty(codes.size, np.uint8) if out is None else out.reshape(-1)).reshape(codes.shape)
+    parts = [quantize_codes(codes[e], dtype, q[e]) for e in range(codes.shape[0])]
     total = sum(p.norm**2 for p in parts) ** 0.5
     rel = (sum((p.error.rel_l2 * p.norm) ** 2 for p in parts) ** 0.5 / total) if total > 0 else 0.0
     error = QuantError(
@@ -182,5 +191,4 @@ def quantize_experts(codes: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndar
         max_abs=max((p.error.max_abs for p in parts), default=0.0),
         amax=max((p.error.amax for p in parts), default=0.0),
     )
-    weight = np.stack([p.codes for p in parts]) if parts else np.empty(codes.shape, np.uint8)
-    return weight, np.array([p.scale for p in parts], dtype=np.float32), error
+    return q, np.array([p.scale for p in parts], dtype=np.float32), error
