@@ -15,18 +15,22 @@ Usage (repo root, CUDA machine)::
     PYTHONPATH=. python scripts/bench_draft.py --out OUTDIR [--micro]
 
 Writes OUTDIR/bench_draft.json and OUTDIR/bench_draft.md; prints the tables.
+A variant is an FP8 path or ``bf16``, optionally with modifiers (``wo_skinny+late``,
+``bf16+shared``): see :func:`variant_parts`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from mtpconv.formats.fp8 import quantize_fp8
-from mtpconv.kernels import Fp8Path, run_path, triton_available
+from mtpconv.kernels import Fp8Path, pdl, run_path, triton_available
 
 DRAFT_VOCAB = 32_768
 L2_SAFE_BYTES = 400 * 2**20  # a graph reads at least this much before repeating a weight
@@ -141,6 +145,7 @@ class WeightSet:
     shared_gate_up: Linear | None = None
     shared_down: Linear | None = None
     shared_gate: torch.Tensor | None = None
+    router_shared: torch.Tensor | None = None  # [router; shared_gate]: one launch for both
     experts_gate_up: Experts | None = None
     experts_down: Experts | None = None
 
@@ -164,19 +169,67 @@ def build_weights(s: Shape, dev: torch.device, seed: int, head_full: Linear | No
         ws.gate_up = Linear.make(2 * s.intermediate, h, dev, gen)
         ws.down = Linear.make(h, s.intermediate, dev, gen)
     else:
+        assert s.shared_intermediate == s.moe_intermediate  # true of the benchmarked models
         ws.router = (torch.randn(s.experts, h, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
-        ws.shared_gate_up = Linear.make(2 * s.shared_intermediate, h, dev, gen)
-        ws.shared_down = Linear.make(h, s.shared_intermediate, dev, gen)
         ws.shared_gate = (torch.randn(1, h, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
-        ws.experts_gate_up = Experts.make(s.experts, 2 * s.moe_intermediate, h, dev, gen)
-        ws.experts_down = Experts.make(s.experts, h, s.moe_intermediate, dev, gen)
+        # The shared expert is stored as one more expert (index s.experts; routing never
+        # picks it), so that the "+shared" variants can run it in the grouped launches.
+        gu = ws.experts_gate_up = Experts.make(s.experts + 1, 2 * s.moe_intermediate, h, dev, gen)
+        dn = ws.experts_down = Experts.make(s.experts + 1, h, s.moe_intermediate, dev, gen)
+        ws.shared_gate_up = Linear(gu.bf16[s.experts], gu.fp8[s.experts], gu.scale[s.experts])
+        ws.shared_down = Linear(dn.bf16[s.experts], dn.fp8[s.experts], dn.scale[s.experts])
+        ws.router_shared = torch.cat((ws.router, ws.shared_gate))
     return ws
 
 
 LinearFn = Callable[[torch.Tensor, Linear], torch.Tensor]
 
 
+def variant_parts(variant: str) -> tuple[str, dict[str, str], bool]:
+    """``path[+nopdl|+pdl|+late][+shared]``: the path (an FP8 path or ``bf16``), the
+    environment of its kernels (none: the defaults) and whether the shared expert runs
+    inside the grouped MoE launches. ``+pdl`` / ``+late`` launch the Triton kernels with
+    programmatic dependent launch, dependents let in after the wait / after the main
+    loop; ``+nopdl`` without (:mod:`mtpconv.kernels.pdl`); ``+shared``: see :func:`step`."""
+    base, *mods = variant.split("+")
+    env: dict[str, str] = {}
+    shared = False
+    for mod in mods:
+        if mod == "nopdl":
+            env[pdl.ENV] = "0"
+        elif mod == "pdl":
+            env[pdl.ENV] = "1"
+        elif mod == "late":
+            env[pdl.ENV] = "late"
+        elif mod == "shared":
+            shared = True
+        else:
+            raise ValueError(f"unknown variant modifier {mod!r} in {variant!r}")
+    return base, env, shared
+
+
+def is_bf16(variant: str) -> bool:
+    return variant_parts(variant)[0] == "bf16"
+
+
+@contextlib.contextmanager
+def variant_env(variant: str) -> Iterator[None]:
+    """The variant's kernel environment while its graphs are captured."""
+    _, env, _ = variant_parts(variant)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def linear_fn(variant: str, input_scale: torch.Tensor) -> LinearFn:
+    variant = variant_parts(variant)[0]
     if variant == "bf16":
         return lambda x, w: F.linear(x, w.bf16)
     path = Fp8Path(variant)
@@ -189,12 +242,14 @@ MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Experts, Experts], t
 def moe_fn(variant: str, kind: str) -> MoeFn:
     """Routed experts ``(h, ids, weights, gate_up, down) -> [T, H]``, the same kernels for
     both precisions. ``grouped``: each hit expert read once for all its tokens, SiLU * up
-    fused into the down projection's load and the routing weight into its epilogue;
-    ``pair``: one GEMV per (token, expert) pair (the earlier kernel)."""
+    fused into the down projection's load and the routing weight into its epilogue
+    (with a ``+shared`` variant the shared expert comes as one more expert that every
+    token picks: :func:`step`); ``pair``: one GEMV per (token, expert) pair (the earlier
+    kernel)."""
     from mtpconv.kernels import triton_moe
 
     def w(e: Experts) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return (e.bf16, None) if variant == "bf16" else (e.fp8, e.scale)
+        return (e.bf16, None) if is_bf16(variant) else (e.fp8, e.scale)
 
     def grouped(
         h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts
@@ -208,7 +263,7 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
         d = triton_moe.wo_moe(silu_mul(y), *w(dn), ids, x_per_pair=True)
         return (d.view(h.shape[0], ids.shape[1], -1) * tw[..., None]).sum(1)
 
-    return grouped if kind == "grouped" else pair
+    return pair if kind == "pair" else grouped
 
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor:
@@ -224,8 +279,11 @@ def step(
     lin: LinearFn,
     moe: MoeFn | None,
     full_head: bool,
+    fuse_shared: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One drafter step; returns (logits, topk_ids or None)."""
+    """One drafter step; returns (logits, topk_ids or None). ``fuse_shared``: the shared
+    expert's gate computed with the router and the expert itself in the grouped MoE
+    launches (the ``+shared`` variants), in both precisions."""
     h = lin(torch.cat((emb, hid), dim=-1), ws.fc)
     qkv = lin(h, ws.qkv)
     attn = qkv[:, : s.o_in]  # stands in for attention output (same bytes, no KV cache)
@@ -238,19 +296,29 @@ def step(
         assert ws.router is not None and ws.shared_gate is not None and moe is not None
         assert ws.shared_gate_up is not None and ws.shared_down is not None
         assert ws.experts_gate_up is not None and ws.experts_down is not None
-        probs = torch.softmax(F.linear(h, ws.router).float(), dim=-1)
+        if fuse_shared:  # router and shared gate in one GEMM; the shared expert as expert E
+            assert ws.router_shared is not None
+            logits = F.linear(h, ws.router_shared).float()
+            probs = torch.softmax(logits[:, : s.experts], dim=-1)
+        else:
+            probs = torch.softmax(F.linear(h, ws.router).float(), dim=-1)
         topw, ids = torch.topk(probs, s.top_k, dim=-1)
-        topw = (topw / topw.sum(-1, keepdim=True)).to(h.dtype)
-        routed = moe(h, ids, topw, ws.experts_gate_up, ws.experts_down)
-        shared = lin(silu_mul(lin(h, ws.shared_gate_up)), ws.shared_down)
-        h = h + routed + torch.sigmoid(F.linear(h, ws.shared_gate)) * shared
+        topw = topw / topw.sum(-1, keepdim=True)
+        if fuse_shared:
+            all_ids = torch.cat((ids, torch.full_like(ids[:, :1], s.experts)), dim=-1)
+            all_w = torch.cat((topw, torch.sigmoid(logits[:, s.experts :])), dim=-1).to(h.dtype)
+            h = h + moe(h, all_ids, all_w, ws.experts_gate_up, ws.experts_down)
+        else:
+            routed = moe(h, ids, topw.to(h.dtype), ws.experts_gate_up, ws.experts_down)
+            shared = lin(silu_mul(lin(h, ws.shared_gate_up)), ws.shared_down)
+            h = h + routed + torch.sigmoid(F.linear(h, ws.shared_gate)) * shared
     logits = lin(h, ws.head_full if full_head else ws.head_draft)
     return logits, ids
 
 
 def step_bytes(s: Shape, ws: WeightSet, variant: str, full_head: bool, distinct: int) -> int:
     """Weight bytes one step must read (activations are negligible at these sizes)."""
-    fp8 = variant != "bf16"
+    fp8 = not is_bf16(variant)
 
     def lb(w: Linear) -> int:
         return w.fp8.numel() if fp8 else 2 * w.bf16.numel()
@@ -329,7 +397,7 @@ class Row:
 
 
 def fp8_variants(paths: list[str]) -> list[str]:
-    return [p for p in paths if p != "bf16"]
+    return [p for p in paths if p != "bf16"]  # "bf16+..." variants are listed as their own columns
 
 
 def bench_model(
@@ -359,8 +427,10 @@ def bench_model(
         for variant in variants:
             lin = linear_fn(variant, input_scale)
             moe = moe_fn(variant, moe_kind) if s.experts else None
+            shared = variant_parts(variant)[2] and s.experts > 0
             for full_head in (True, False):
-                _, ids = step(s, sets[0], emb, hid, lin, moe, full_head)
+                with variant_env(variant):
+                    _, ids = step(s, sets[0], emb, hid, lin, moe, full_head, shared)
                 distinct = int(ids.unique().numel()) if ids is not None else 0
 
                 def run(
@@ -370,12 +440,14 @@ def bench_model(
                     emb: torch.Tensor = emb,
                     hid: torch.Tensor = hid,
                     sets: list[WeightSet] = sets,
+                    shared: bool = shared,
                 ) -> None:
                     for ws in sets:
-                        step(s, ws, emb, hid, lin, moe, full_head)
+                        step(s, ws, emb, hid, lin, moe, full_head, shared)
 
                 try:
-                    us = time_graph(run, reps=1) / n_sets
+                    with variant_env(variant):
+                        us = time_graph(run, reps=1) / n_sets
                 except Exception as exc:  # report and go on: one failing path must not end the run
                     print(f"  {s.name} T={t} {variant} FAILED: {exc!r}"[:400], flush=True)
                     continue
@@ -433,11 +505,12 @@ def micro(
                         lin(x, w)
 
                 try:
-                    us = time_graph(g, reps=1) / copies
+                    with variant_env(variant):
+                        us = time_graph(g, reps=1) / copies
                 except Exception as exc:  # report and go on
                     print(f"  micro {name} T={t} {variant} FAILED: {exc!r}"[:400], flush=True)
                     continue
-                nbytes = n * k * (2 if variant == "bf16" else 1)
+                nbytes = n * k * (2 if is_bf16(variant) else 1)
                 out.append(
                     {
                         "linear": name,
@@ -738,7 +811,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = [int(t) for t in args.tokens.split(",")]
     variants = args.variants.split(",")
     for v in fp8_variants(variants):
-        Fp8Path(v)  # fail early on a typo
+        if not is_bf16(v):
+            Fp8Path(variant_parts(v)[0])  # fail early on a typo
     meta = {
         "device": torch.cuda.get_device_name(dev),
         "capability": list(torch.cuda.get_device_capability(dev)),

@@ -7,6 +7,8 @@
   gathers the expert's tokens itself. Optionally fuses SiLU(gate) * up into
   the load of the down projection's input and the routing weight into the
   epilogue. Weights ``[E, N, K]``: FP8 with one scale per expert, or BF16.
+  With ``MTPCONV_PDL`` set (:mod:`mtpconv.kernels.pdl`; off by default) it is
+  launched with programmatic dependent launch and waits for the previous kernel first.
 * ``wo_moe``: one GEMV per (token, expert) pair (re-reads an expert for every
   token routed to it); kept as the measured baseline.
 """
@@ -19,6 +21,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from mtpconv.kernels import pdl as pdl_setting
 
 
 def _gemv_config(n: int, k: int) -> tuple[int, int, int]:
@@ -150,6 +154,7 @@ def _moe_grouped_kernel(
     EVEN_K: tl.constexpr,
     DOT: tl.constexpr,
     FP8_MMA: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # DOT=False (one token per expert at most, BLOCK_M == 1): FMA on CUDA cores with a
     # 2-D accumulator reduced once at the end, as the skinny GEMM does at one token.
@@ -158,6 +163,10 @@ def _moe_grouped_kernel(
     # widening every weight tile to the activation dtype.
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
+    if PDL:  # the ids and activations may come from the previous kernel (mtpconv.kernels.pdl)
+        tl.extra.cuda.gdc_wait()
+    if PDL == 1:
+        tl.extra.cuda.gdc_launch_dependents()
     expert = tl.load(ids_ptr + pair)
     offs_p = tl.arange(0, PAIRS_PAD)
     all_ids = tl.load(ids_ptr + offs_p, mask=offs_p < PAIRS, other=-1)
@@ -209,6 +218,8 @@ def _moe_grouped_kernel(
                 acc2 += w.to(tl.float32) * tl.reshape(xt.to(tl.float32), (1, BLOCK_K))
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
+        if PDL == 2:
+            tl.extra.cuda.gdc_launch_dependents()
         if not DOT:
             acc = tl.reshape(tl.sum(acc2, axis=1), (BLOCK_N, 1))
         if HAS_SCALE:
@@ -286,6 +297,7 @@ def moe_grouped(
     dot = mode != FMA or t > 1
     block_m = max(16, triton.next_power_of_2(t)) if dot else 1
     rw = route_w.reshape(-1).contiguous() if route_w is not None else ids
+    pdl = pdl_setting.setting(x.device)
     grid = (triton.cdiv(n, block_n), pairs)
     _moe_grouped_kernel[grid](
         x,
@@ -313,7 +325,9 @@ def moe_grouped(
         EVEN_K=k % block_k == 0,
         DOT=dot,
         FP8_MMA=mode == DOT_FP8,
+        PDL=pdl.value,
         num_warps=warps,
         num_stages=stages,
+        launch_pdl=pdl is not pdl_setting.Pdl.OFF,
     )
     return out

@@ -21,6 +21,9 @@ weight bytes in flight on every SM:
   tokens (padded to 16) on its N side;
 * where the sweep found it faster (``Config.tma``: some 2-16 token shapes, by 1-6%),
   weight tiles arrive by TMA bulk copies through a host-side tensor descriptor.
+* with ``MTPCONV_PDL`` set (:mod:`mtpconv.kernels.pdl`; off by default), launched
+  with programmatic dependent launch: it waits for the previous kernel before reading
+  or writing anything.
 """
 
 # Triton kernels are untyped by nature; the Python wrappers below are typed.
@@ -35,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mtpconv.kernels import pdl as pdl_setting
 from mtpconv.kernels.reference import BLOCK, is_block_scale
 from mtpconv.kernels.skinny_tuned import TUNED, token_bucket
 
@@ -70,6 +74,7 @@ def _skinny_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     TMA: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -80,6 +85,10 @@ def _skinny_kernel(
     mask_n = offs_n < N
     mask_m = offs_m < M
     k_start = pid_k * k_per_split
+    if PDL:  # everything below may read what the previous kernel writes (mtpconv.kernels.pdl)
+        tl.extra.cuda.gdc_wait()
+    if PDL == 1:
+        tl.extra.cuda.gdc_launch_dependents()
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_start + offs_k)[None, :]
     if DOT:
         x_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_start + offs_k)[:, None]
@@ -133,6 +142,8 @@ def _skinny_kernel(
                 acc2 += w.to(tl.float32) * xv[None, :]
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
     if not DOT:
         acc = tl.reshape(tl.sum(acc2, axis=1), (BLOCK_N, 1))
     mask = mask_n[:, None] & mask_m[None, :]
@@ -317,6 +328,7 @@ def skinny_linear(
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         w_desc = TensorDescriptor.from_tensor(w, [cfg.block_n, block_k])
+    pdl = pdl_setting.setting(x.device)
     _skinny_kernel[(n_tiles, n_split, m_tiles)](
         x2,
         w,
@@ -345,7 +357,9 @@ def skinny_linear(
         BLOCK_K=block_k,
         EVEN_K=k % k_per == 0,
         TMA=tma,
+        PDL=pdl.value,
         num_warps=cfg.warps,
         num_stages=cfg.stages,
+        launch_pdl=pdl is not pdl_setting.Pdl.OFF,
     )
     return out.reshape(*x.shape[:-1], n)
