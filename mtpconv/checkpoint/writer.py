@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from mtpconv.checkpoint.direct_write import DirectFile
 from mtpconv.checkpoint.index import INDEX_NAME, index_text
 from mtpconv.checkpoint.safetensors_io import DTYPE_SIZES, torch_dtype
 from mtpconv.errors import OutputError
@@ -65,14 +66,15 @@ def _disk_error(exc: OSError, path: Path) -> OutputError:
 
 
 class HashingWriter:
-    """A binary file being written, hashed as it goes (sha256)."""
+    """A binary file being written, hashed as it goes (sha256), past the page cache where
+    the filesystem allows (:mod:`mtpconv.checkpoint.direct_write`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        # "x": always a new file. Never truncate an existing one, which could be a hard
-        # link to a source file (the source must never be written through the output).
+        # A new file, always: never truncate an existing one, which could be a hard link
+        # to a source file (the source must never be written through the output).
         try:
-            self._f: BinaryIO = open(path, "xb")  # noqa: SIM115 - closed in close()
+            self._f = DirectFile(path)
         except OSError as exc:
             raise _disk_error(exc, path) from None
         self._sha = hashlib.sha256()
@@ -98,18 +100,15 @@ class HashingWriter:
             left -= len(chunk)
 
     def close(self) -> str:
-        """fsync, close, and return the hex sha256."""
+        """Write out, fsync, close, and return the hex sha256."""
         try:
-            self._f.flush()
-            os.fsync(self._f.fileno())
+            self._f.close()
         except OSError as exc:
             raise _disk_error(exc, self.path) from None
-        finally:
-            self._f.close()
         return self._sha.hexdigest()
 
     def abort(self) -> None:
-        self._f.close()
+        self._f.abort()
 
 
 def safetensors_header(specs: list[TensorSpec], metadata: dict[str, str] | None) -> bytes:
