@@ -15,6 +15,7 @@ is written the usual way from then on. The bytes on disk are the same either way
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import mmap
@@ -115,8 +116,7 @@ class DirectFile:
         """Close without writing what is staged (the file is removed by its caller)."""
         self._f.close()
         if self._stage is not None:
-            try:
+            # A view of it may live on in a traceback: the map then goes with that view.
+            with contextlib.suppress(BufferError):
                 self._stage.close()
-            except BufferError:
-                pass  # a view of it lives on in a traceback: the map goes with that view
             self._stage = None
