@@ -5,13 +5,16 @@ Builds two BF16 Qwen3.5-style checkpoints that differ only in the target (defaul
 own shard, each as a plain local directory and as a Hugging Face cache snapshot
 (blobs hard-linked to the same files, so no extra disk). Then times:
 
-  * ``mtpconv quantize-mtp`` of each (best of ``--repeat``), with its peak RSS,
-  * ``dd if=DRAFTER_SHARD of=X bs=16M conv=fsync`` (a durable copy of the drafter),
+  * ``mtpconv quantize-mtp`` of each (best of ``--repeat`` rounds), with its peak RSS,
+  * ``dd if=DRAFTER_SHARD of=X bs=16M conv=fsync`` (a durable copy of the drafter), once
+    in every round (each round runs every case, so drifts of this machine's disk and CPU
+    speed reach all of them alike),
   * a read + rewrite (``dd ... conv=fsync``) of every shard of the larger one
     (what a whole-model converter does at least),
   * ``mtpconv inspect DIR`` against starting bare Python (``python -c pass``),
 
-and prints the issue's ratios as one Markdown table. Everything is deleted after.
+and prints the issue's ratios as one Markdown table. The shard a run reads first is
+read once before it (a warm page cache for every case). Everything is deleted after.
 
     python scripts/bench_convert.py [--small-gb 2.4] [--large-gb 9.6] [--drafter-layers 4]
         [--hidden 4096] [--intermediate 12288] [--dir /tmp/mtpconv-bench] [--repeat 2]
@@ -152,6 +155,14 @@ def _run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int]
     return float(secs), int(rss)
 
 
+def _warm(path: Path) -> None:
+    """Read ``path`` once, so a measurement finds it in the page cache (another case's
+    output or `dd` may have pushed it out; then a run would time the disk's reads)."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(16 << 20):
+            pass
+
+
 def _dd(src: Path, dst: Path) -> float:
     secs, _ = _run(["dd", f"if={src}", f"of={dst}", "bs=16M", "conv=fsync", "status=none"])
     dst.unlink()
@@ -189,20 +200,24 @@ def _measure(args: argparse.Namespace, srcs: dict[str, Path], hf_home: Path) -> 
     sizes = {k: sum(p.stat().st_size for p in v.glob("*.safetensors")) for k, v in srcs.items()}
     drafter_shard = sorted(srcs["large"].glob("*.safetensors"))[-1]
     conv: dict[tuple[str, str], tuple[float, int]] = {}
-    for label in ("small", "large"):
-        for where in ("local", "hf-cache"):
-            best = (float("inf"), 0)
-            for r in range(args.repeat):
+    dd = float("inf")
+    # Rounds, each running every case once and the drafter-shard `dd`: this machine's disk
+    # and CPU speed drift within minutes, so every figure's best comes from the same rounds.
+    for r in range(args.repeat):
+        for label in ("small", "large"):
+            for where in ("local", "hf-cache"):
                 out = args.dir / f"v-{label}-{where}-{r}"
                 spec = str(srcs[label]) if where == "local" else _REPO.format(label)
+                _warm(sorted(srcs[label].glob("*.safetensors"))[-1])  # its drafter shard
                 secs, rss = _run(
                     [*mtpconv, "quantize-mtp", spec, str(out), "--device", "cpu"],
                     env=hub_env if where == "hf-cache" else None,
                 )
                 shutil.rmtree(out)
-                best = min(best, (secs, rss)) if secs < best[0] else (best[0], max(best[1], rss))
-            conv[label, where] = best
-    dd = min(_dd(drafter_shard, args.dir / "dd.out") for _ in range(args.repeat))
+                best = conv.get((label, where), (float("inf"), 0))
+                conv[label, where] = (min(best[0], secs), max(best[1], rss))
+        _warm(drafter_shard)
+        dd = min(dd, _dd(drafter_shard, args.dir / "dd.out"))
     rewrite = sum(_dd(p, args.dir / "rw.out") for p in sorted(srcs["large"].glob("*.safetensors")))
     bare = min(_run([sys.executable, "-c", "pass"])[0] for _ in range(5))
     insp = min(_run([*mtpconv, "inspect", str(srcs["small"])])[0] for _ in range(5))
