@@ -44,3 +44,24 @@ def test_each_written_file_is_fsynced_once(
             manifest.source["files"][shard.file]
             == hashlib.sha256((src / shard.file).read_bytes()).hexdigest()
         )
+
+
+@pytest.mark.parametrize("shape", [(70, 90), (3, 40, 50)])
+def test_the_numpy_and_torch_paths_give_the_same_bytes(shape: tuple[int, ...]) -> None:
+    """A 16-bit weight on the CPU is quantized by the numpy table; the same values through
+    torch (as an NVFP4 or CUDA conversion would take them) give the same bytes and scales."""
+    import numpy as np
+    import torch
+
+    from mtpconv.shard_rewrite import HalfCodes, _quantize
+
+    g = torch.Generator().manual_seed(5)
+    w = (torch.randn(*shape, generator=g) * 0.03).to(torch.bfloat16)
+    table, table_err = _quantize("w", HalfCodes(w.view(torch.uint16).numpy(), "BF16"), "cpu")
+    direct, direct_err = _quantize("w", w.float(), "cpu")  # float32: torch's direct formula
+    assert table.weight.dtype == direct.weight.dtype == np.uint8
+    assert np.array_equal(table.weight, direct.weight)
+    assert table.scale.dtype == direct.scale.dtype == np.float32
+    assert np.array_equal(table.scale, direct.scale)
+    assert table_err.max_abs == direct_err.max_abs and table_err.amax == direct_err.amax
+    assert table_err.rel_l2 == pytest.approx(direct_err.rel_l2, rel=1e-4)
