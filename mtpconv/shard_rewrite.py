@@ -32,8 +32,8 @@ from mtpconv.formats.fp8_table import (
     QuantError,
     quantize_codes,
     quantize_experts,
+    replicate_scale,
 )
-from mtpconv.formats.scale_layout import replicate_scale
 from mtpconv.layouts import Linear, Stored, module_of
 from mtpconv.plan import OutKind, OutTensor, ShardPlan
 

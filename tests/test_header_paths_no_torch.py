@@ -3,7 +3,7 @@ neither does a CPU conversion of a 16-bit drafter.
 
 Each case runs the CLI in-process in a fresh interpreter and then looks at
 ``sys.modules``: ``inspect``, ``quantize-mtp --dry-run``, ``fix-exclusions`` and
-``verify`` read safetensors headers and JSON only; ``quantize-mtp`` of a BF16 drafter
+``verify`` read safetensors headers and JSON only (no numpy either); ``quantize-mtp`` of a BF16 drafter
 on the CPU quantizes it with numpy (mtpconv.formats.fp8_table). An NVFP4 drafter is
 dequantized by torch, so that conversion is the probe's check that it sees torch.
 """
@@ -27,7 +27,7 @@ try:
     main(sys.argv[1:])
 except SystemExit as exc:
     code = exc.code or 0
-print("EXIT", code, "TORCH", "torch" in sys.modules, file=sys.stderr)
+print("EXIT", code, "TORCH", "torch" in sys.modules, "NUMPY", "numpy" in sys.modules, file=sys.stderr)
 """
 
 
@@ -61,7 +61,7 @@ def test_header_only_command_imports_no_torch(
         "fix-exclusions": ["fix-exclusions", str(src), str(tmp_path / "fixed")],
         "verify": ["verify", str(variant), "--json"],
     }[case]
-    assert _probe(args) == "EXIT 0 TORCH False"
+    assert _probe(args) == "EXIT 0 TORCH False NUMPY False"  # numpy too: 0.08 s of start-up
 
 
 @pytest.mark.parametrize("device", ["cpu", "auto"])
@@ -72,12 +72,13 @@ def test_a_cpu_conversion_of_a_bf16_drafter_imports_no_torch(
         pytest.skip("a GPU driver is present: --device auto asks torch whether CUDA works")
     src, _ = checkpoints
     out = tmp_path / "v"
-    assert _probe(["quantize-mtp", str(src), str(out), "--device", device, "-q"]) == "EXIT 0 TORCH False"
-    assert _probe(["verify", str(out), "--json"]) == "EXIT 0 TORCH False"
+    quantize = ["quantize-mtp", str(src), str(out), "--device", device, "-q"]
+    assert _probe(quantize) == "EXIT 0 TORCH False NUMPY True"
+    assert _probe(["verify", str(out), "--json"]) == "EXIT 0 TORCH False NUMPY False"
 
 
 def test_the_probe_sees_torch_when_a_command_needs_it(tmp_path: Path) -> None:
     src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5", drafter_quant="nvfp4"))
     assert _probe(["quantize-mtp", str(src), str(tmp_path / "v"), "--device", "cpu", "-q"]) == (
-        "EXIT 0 TORCH True"
+        "EXIT 0 TORCH True NUMPY True"
     )

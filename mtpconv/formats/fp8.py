@@ -16,8 +16,15 @@ from dataclasses import dataclass
 import torch
 
 from mtpconv.formats.e4m3 import FP8_MAX
-from mtpconv.formats.fp8_table import TINY, NonFiniteWeightError, QuantError, quantize_codes, quantize_experts
-from mtpconv.formats.scale_layout import ScaleLayout, replicate_scale
+from mtpconv.formats.fp8_table import (
+    TINY,
+    NonFiniteWeightError,
+    QuantError,
+    quantize_codes,
+    quantize_experts,
+    replicate_scale,
+)
+from mtpconv.formats.scale_layout import ScaleLayout
 
 __all__ = [  # the torch API of the FP8 format; the numpy pieces it re-exports come first
     "FP8_MAX",
@@ -63,7 +70,7 @@ def stored_scale(
     scale: torch.Tensor, layout: ScaleLayout, shape: tuple[int, ...], fused_halves: bool = False
 ) -> torch.Tensor:
     """The per-tensor (0-d) or per-expert ([E]) ``scale`` replicated into ``layout``
-    (:func:`mtpconv.formats.scale_layout.replicate_scale`)."""
+    (:func:`mtpconv.formats.fp8_table.replicate_scale`)."""
     return torch.from_numpy(replicate_scale(scale.detach().cpu().numpy(), layout, shape, fused_halves))
 
 

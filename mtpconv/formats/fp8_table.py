@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mtpconv.formats.e4m3 import FP8_MAX, decode_e4m3, encode_e4m3
+from mtpconv.formats.scale_layout import ScaleLayout, stored_scale_shape
 
 _CHUNK = 1 << 18  # patterns per step: its widened copy (2 MiB) stays in cache
 _PATTERNS = 1 << 16
@@ -192,3 +193,15 @@ def quantize_experts(
         amax=max((p.error.amax for p in parts), default=0.0),
     )
     return q, np.array([p.scale for p in parts], dtype=np.float32), error
+
+
+def replicate_scale(
+    scale: np.ndarray, layout: ScaleLayout, shape: tuple[int, ...], fused_halves: bool = False
+) -> np.ndarray:
+    """The per-tensor (0-d) or per-expert ([E]) float32 ``scale`` replicated into ``layout``
+    for a weight of ``shape``: what the variant stores (DESIGN §5)."""
+    target = stored_scale_shape(layout, shape, fused_halves)
+    s = np.asarray(scale, dtype=np.float32)
+    lead = len(shape) - 2
+    s = s.reshape(*s.shape[:lead], *([1] * (len(target) - lead)))
+    return np.ascontiguousarray(np.broadcast_to(s, target))

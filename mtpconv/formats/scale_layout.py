@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from enum import Enum
 
-import numpy as np
-
 BLOCK = 128  # the block edge of vLLM's FP8_PB_WO / FP8_BLOCK_SCALES (weight_block_size)
 
 
@@ -43,15 +41,3 @@ def stored_scale_shape(
             raise ValueError(f"a fused gate_up weight needs an even row count, got {out}")
         return (*lead, 2 * -(-(out // 2) // BLOCK), -(-inp // BLOCK))
     return (*lead, -(-out // BLOCK), -(-inp // BLOCK))
-
-
-def replicate_scale(
-    scale: np.ndarray, layout: ScaleLayout, shape: tuple[int, ...], fused_halves: bool = False
-) -> np.ndarray:
-    """The per-tensor (0-d) or per-expert ([E]) float32 ``scale`` replicated into ``layout``
-    for a weight of ``shape``: what the variant stores (DESIGN §5)."""
-    target = stored_scale_shape(layout, shape, fused_halves)
-    s = np.asarray(scale, dtype=np.float32)
-    lead = len(shape) - 2
-    s = s.reshape(*s.shape[:lead], *([1] * (len(target) - lead)))
-    return np.ascontiguousarray(np.broadcast_to(s, target))
