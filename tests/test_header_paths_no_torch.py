@@ -82,3 +82,22 @@ def test_the_probe_sees_torch_when_a_command_needs_it(tmp_path: Path) -> None:
     assert _probe(["quantize-mtp", str(src), str(tmp_path / "v"), "--device", "cpu", "-q"]) == (
         "EXIT 0 TORCH True NUMPY True"
     )
+
+
+def test_build_draft_vocab_from_a_corpus_imports_no_torch(tmp_path: Path) -> None:
+    """The ids file is written in torch.save's format without torch (formats/torch_file)."""
+    import json
+
+    import torch
+
+    from mtpconv.testing.tokenizers import generate_text, write_tiny_tokenizer
+
+    src = write_tiny_tokenizer(tmp_path / "ckpt", vocab_size=512)
+    (src / "config.json").write_text(json.dumps({"vocab_size": 512, "eos_token_id": 2}))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in generate_text(50, seed=1)))
+    ids = tmp_path / "ids.pt"
+    args = ["build-draft-vocab", str(src), "--corpus", str(corpus), "--size", "64", "-o", str(ids), "-q"]
+    assert _probe(args) == "EXIT 0 TORCH False NUMPY True"
+    loaded = torch.load(ids, weights_only=True)
+    assert loaded.dtype == torch.int64 and loaded.numel() == 64

@@ -1,7 +1,7 @@
 """The draft-vocabulary ids file: one contract for build-draft-vocab, quantize-mtp and the plugin.
 
 DESIGN §5: a non-empty 1-D ``torch.int64`` tensor, strictly ascending (sorted,
-no duplicates), every id in ``[0, vocab_size)``, written with ``torch.save`` and
+no duplicates), every id in ``[0, vocab_size)``, in ``torch.save``'s file format and
 always read back with ``weights_only=True`` (so a file never runs pickled code).
 Such a file is also a valid SGLang ``--speculative-token-map``. Its JSON sidecar
 (what was counted, how well it covers) sits next to it: ``IDS.pt`` ->
@@ -17,14 +17,15 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from mtpconv.errors import DraftVocabError
+from mtpconv.formats.torch_file import write_int64_tensor
 from mtpconv.jsonio import write_file_durably
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
+    import torch
 
 
 def sidecar_path(ids_path: str | os.PathLike[str]) -> Path:
@@ -34,10 +35,11 @@ def sidecar_path(ids_path: str | os.PathLike[str]) -> Path:
 
 
 def save_draft_vocab_ids(ids: npt.NDArray[np.int64] | torch.Tensor, path: str | os.PathLike[str]) -> Path:
-    """Write ids as a 1-D int64 tensor sorted ascending (``torch.save``), atomically."""
-    tensor = torch.as_tensor(ids, dtype=torch.int64).reshape(-1).sort().values.contiguous()
+    """Write ids as a 1-D int64 tensor sorted ascending in ``torch.save``'s format,
+    atomically (:mod:`mtpconv.formats.torch_file`: no torch needed to write it)."""
+    values = np.sort(np.asarray(ids, dtype=np.int64).reshape(-1))
     out = Path(path)
-    write_file_durably(out, lambda tmp: torch.save(tensor, tmp))
+    write_file_durably(out, lambda tmp: write_int64_tensor(values, tmp))
     return out
 
 
@@ -48,6 +50,8 @@ def load_draft_vocab_ids(path: str | os.PathLike[str], vocab_size: int) -> torch
     duplicates), with every id in ``[0, vocab_size)``; anything else raises
     :class:`~mtpconv.errors.DraftVocabError` naming ``path``.
     """
+    import torch
+
     p = Path(path)
     if not p.is_file():
         raise DraftVocabError(f"draft vocabulary file {p} does not exist.")
