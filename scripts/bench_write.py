@@ -61,9 +61,8 @@ def main() -> None:
                 path.unlink()
                 gb = n * _BLOCK / 1e9
                 sys_s, user_s = after.ru_stime - before.ru_stime, after.ru_utime - before.ru_utime
-                print(
-                    f"round {r + 1} {name:10s} {gb:.2f} GB: wall {wall:5.2f} s, sys {sys_s:5.2f} s, user {user_s:5.2f} s"
-                )
+                label = f"round {r + 1} {name:10s} {gb:.2f} GB"
+                print(f"{label}: wall {wall:5.2f} s, sys {sys_s:5.2f} s, user {user_s:5.2f} s")
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
 
