@@ -3,10 +3,10 @@
 Contract (DESIGN §5): ``scale = max(amax, tiny) / 448`` in float32,
 ``q = clamp(W / scale, -448, 448)`` rounded to nearest e4m3. A 2-D weight gets a
 0-d float32 scale; a fused 3-D expert tensor ``[E, out, in]`` gets one scale per
-expert (``[E]``). :func:`stored_scale` lays that value out as the declared format
-needs it (one per output channel, one per 128x128 block): replicated, so the
-stored FP8 bytes and the weights they dequantize to stay exactly those of the
-per-tensor quantization.
+expert (``[E]``). :func:`mtpconv.formats.fp8_table.replicate_scale` lays that value
+out as the declared format needs it (one per output channel, one per 128x128 block):
+replicated, so the stored FP8 bytes and the weights they dequantize to stay exactly
+those of the per-tensor quantization.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
+from mtpconv.checkpoint.safetensors_io import torch_dtype
 from mtpconv.formats.e4m3 import FP8_MAX
 from mtpconv.formats.fp8_table import (
+    HALF_DTYPES,
     TINY,
     NonFiniteWeightError,
     QuantError,
     quantize_codes,
     quantize_experts,
-    replicate_scale,
 )
-from mtpconv.formats.scale_layout import ScaleLayout
 
 __all__ = [  # the torch API of the FP8 format; the numpy pieces it re-exports come first
     "FP8_MAX",
@@ -33,7 +33,6 @@ __all__ = [  # the torch API of the FP8 format; the numpy pieces it re-exports c
     "FP8_DTYPE",
     "Fp8Tensor",
     "fp8_scale",
-    "stored_scale",
     "quantize_fp8",
     "dequantize_fp8",
     "quant_error",
@@ -42,7 +41,7 @@ __all__ = [  # the torch API of the FP8 format; the numpy pieces it re-exports c
 
 FP8_DTYPE = torch.float8_e4m3fn
 # The 16-bit float dtypes the table path takes, by their safetensors names.
-_HALF_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16"}
+_HALF_NAMES = {torch_dtype(name): name for name in HALF_DTYPES}
 
 
 @dataclass(frozen=True)
@@ -64,14 +63,6 @@ def _div_fp8_max(amax: torch.Tensor) -> torch.Tensor:
     # A 0-d tensor divisor, not a Python float: CUDA turns `t / 448.0` into a multiply by
     # the reciprocal (last-bit differences from the CPU); tensor / tensor divides exactly.
     return amax / torch.tensor(FP8_MAX, dtype=torch.float32, device=amax.device)
-
-
-def stored_scale(
-    scale: torch.Tensor, layout: ScaleLayout, shape: tuple[int, ...], fused_halves: bool = False
-) -> torch.Tensor:
-    """The per-tensor (0-d) or per-expert ([E]) ``scale`` replicated into ``layout``
-    (:func:`mtpconv.formats.fp8_table.replicate_scale`)."""
-    return torch.from_numpy(replicate_scale(scale.detach().cpu().numpy(), layout, shape, fused_halves))
 
 
 def _broadcast(scale: torch.Tensor, ndim: int) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,8 +12,8 @@ from mtpconv.formats.fp8 import (
     fp8_scale,
     quant_error,
     quantize_fp8,
-    stored_scale,
 )
+from mtpconv.formats.fp8_table import replicate_scale
 from mtpconv.formats.nvfp4 import dequantize_nvfp4, dequantize_nvfp4_ct, pack_e2m1_codes, unpack_e2m1_codes
 from mtpconv.formats.scale_layout import ScaleLayout
 
@@ -130,8 +131,8 @@ def test_nvfp4_ct_rejects_bad_global_scale() -> None:
 def test_per_channel_column_layout() -> None:
     """compressed-tensors channel scales: [out, 1], the per-tensor value on every row."""
     col = ScaleLayout.PER_CHANNEL_COLUMN
-    assert stored_scale(torch.tensor(0.5), col, (3, 8)).tolist() == [[0.5], [0.5], [0.5]]
-    per_expert = stored_scale(torch.tensor([1.0, 2.0]), col, (2, 3, 8))
+    assert replicate_scale(np.float32(0.5), col, (3, 8)).tolist() == [[0.5], [0.5], [0.5]]
+    per_expert = replicate_scale(np.array([1.0, 2.0], dtype=np.float32), col, (2, 3, 8))
     assert per_expert.shape == (2, 3, 1) and per_expert[:, :, 0].tolist() == [[1.0] * 3, [2.0] * 3]
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from mtpconv.commands.quantize_mtp import quantize_mtp
-from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8, stored_scale
+from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8
+from mtpconv.formats.fp8_table import replicate_scale
 from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.manifest import read_manifest
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
@@ -18,12 +19,15 @@ def test_replicated_scales_dequantize_to_the_per_tensor_weights() -> None:
     w = torch.randn(200, 300)
     fp8 = quantize_fp8(w)
     ref = dequantize_fp8(fp8.weight, fp8.scale)
-    channel = stored_scale(fp8.scale, ScaleLayout.PER_CHANNEL, (200, 300))
+    channel = torch.from_numpy(replicate_scale(fp8.scale.numpy(), ScaleLayout.PER_CHANNEL, (200, 300)))
     assert channel.shape == (200,)
     assert torch.equal(fp8.weight.float() * channel[:, None], ref)
-    block = stored_scale(fp8.scale, ScaleLayout.BLOCK_128, (200, 300))
+    block = torch.from_numpy(replicate_scale(fp8.scale.numpy(), ScaleLayout.BLOCK_128, (200, 300)))
     assert block.shape == (2, 3) and bool((block == fp8.scale).all())
-    experts = stored_scale(torch.tensor([1.0, 2.0]), ScaleLayout.BLOCK_128, (2, 256, 64), fused_halves=True)
+    per_expert = torch.tensor([1.0, 2.0]).numpy()
+    experts = torch.from_numpy(
+        replicate_scale(per_expert, ScaleLayout.BLOCK_128, (2, 256, 64), fused_halves=True)
+    )
     assert experts.shape == (2, 2, 1) and experts[1].eq(2.0).all()
 
 
