@@ -178,10 +178,12 @@ def _write_weights(directory: Path, inputs: VariantInputs) -> _Weights:
                 continue
             source_digest: str | Callable[[], str] | None = None
             if shard.indexed:
-                source_digest = known_lfs_digest(root / shard.file, root)
+                # quantize-mtp hashes ahead exactly the shards whose digest nobody recorded
                 ahead, path = inputs.source_hashes, root / shard.file
-                if source_digest is None and ahead is not None and path in ahead:
+                if ahead is not None and path in ahead:
                     source_digest = functools.partial(ahead.digest, path)
+                else:
+                    source_digest = known_lfs_digest(path, root)
             written, read = job.run(files, shard, directory / shard.file, source_digest)
             out.digests[shard.file] = written
             if shard.indexed:
