@@ -36,11 +36,10 @@ class HashCancelled(Exception):
 class HashAhead:
     """sha256 of some files, computed in a background thread while the caller does other work.
 
-    ``quantize-mtp`` starts one for the source shards it will rewrite before it imports
-    torch (a second or more of one core's time on start-up): the shards' digests are
-    then ready, or nearly, when the conversion reads them, instead of being computed by
-    the conversion's own reads on cores its FP8 math needs. Both hashing and reading go
-    through the page cache, so the shard comes from the disk once.
+    ``quantize-mtp`` starts one for the source shards it will rewrite, before the
+    conversion begins: the shards' digests are then ready, or nearly, when the
+    conversion finishes them, instead of being computed inside its read stage. Both
+    hashing and reading go through the page cache, so the shard comes from the disk once.
     """
 
     def __init__(self, paths: Iterable[Path]) -> None:

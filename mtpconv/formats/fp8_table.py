@@ -147,7 +147,7 @@ def quantize_codes(codes: np.ndarray, dtype: str, out: np.ndarray | None = None)
 
     The bytes and scale are those of :func:`mtpconv.formats.fp8.quantize_fp8`; raises
     :class:`NonFiniteWeightError` when a pattern is NaN or Inf. The bytes go into ``out``
-    (uint8, ``codes.size`` of them, e.g. a recycled buffer) when given.
+    (uint8, ``codes.size`` of them: one expert's slice of a fused tensor) when given.
     """
     flat = np.ascontiguousarray(codes).reshape(-1).view(np.uint16)
     magnitude = max_magnitude(flat)
