@@ -2,9 +2,10 @@
 
 A drafter shard is gigabytes written once, then fsynced. Through the page cache every
 byte is first copied into cache pages the kernel has to find and clear, and the
-fsync then writes them out; on the 2-core test machine a buffered 1 GiB write + fsync
-took 4.9 s wall, 4.1 s of it system time, against 1.2 s and 0.1 s with ``O_DIRECT``
-(docs/BENCHMARKS.md, "Cost follows the drafter"). So a shard is written through one
+fsync then writes them out; on the 2-core test machine a buffered 1.06 GB write +
+fsync took 0.95-5.1 s wall (0.4-4.5 s of it system time, depending on how cheap fresh
+pages were at the moment), against 1.5-1.8 s (0.15-0.25 s) with ``O_DIRECT``
+(``python scripts/bench_write.py``, docs/BENCHMARKS.md). So a shard is written through one
 page-aligned staging buffer with ``O_DIRECT``, in whole multiples of the buffer; the
 last partial buffer is written the usual way.
 
