@@ -545,7 +545,7 @@ def skinny_configs(t: int, sms: int) -> list[Any]:
     from mtpconv.kernels.triton_skinny import Config
 
     cfgs = []
-    if t == 1:
+    if t == 1:  # (TMA never won at one token in the sweeps of 2026-12-01: not swept there)
         shapes = [
             (4, 512, 4),
             (8, 256, 4),
@@ -558,9 +558,17 @@ def skinny_configs(t: int, sms: int) -> list[Any]:
         for bn, bk, warps in shapes:
             for progs in (4, 8, 12, 16):
                 for stages in (3, 4):
-                    for tma in (False, True) if bk <= 256 else (False,):
-                        cfgs.append(Config(False, bn, bk, warps, stages, progs * sms, 0, tma))
+                    cfgs.append(Config(False, bn, bk, warps, stages, progs * sms, 0))
+        # narrow weight loads with block_k = 256 * warps: no layout exchange in the K loop
+        narrow = [(bn, 1024, 4) for bn in (1, 2, 4, 8)] + [(bn, 2048, 8) for bn in (2, 4, 8)]
+        for bn, bk, warps in narrow:
+            for progs in (4, 8, 12, 16):
+                cfgs.append(Config(False, bn, bk, warps, 3, progs * sms, 0, False, True))
         return cfgs
+    narrow = [(bn, 1024, 4) for bn in (2, 4, 8)] + [(bn, 2048, 8) for bn in (2, 4)]
+    if t <= 4:  # the narrow-load GEMV, one accumulator per token
+        cfgs += [Config(False, bn, bk, w, 3, p * sms, 0, False, True) for bn, bk, w in narrow for p in (4, 8)]
+        cfgs += [Config(False, bn, bk, w, 3, 16 * sms, 0, False, True) for bn, bk, w in narrow]
     tiles = [
         (64, 128, 4, 4),
         (32, 256, 4, 2),
@@ -646,9 +654,13 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
             h = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
             y = torch.randn(t * s.top_k, 2 * s.moe_intermediate, device=dev, generator=gen).to(torch.bfloat16)
             distinct = sum(int(i.unique().numel()) for i in id_sets) / len(id_sets)
-            for proj, ex, x, act in (("experts_gate_up", ex_gu, h, False), ("experts_down", ex_dn, y, True)):
+            cases = [("experts_gate_up", ex_gu, h, False, True), ("experts_down", ex_dn, y, True, True)]
+            if t == 1:  # the BF16 baseline's grouped kernel, swept the same way at one token
+                cases += [("experts_gate_up bf16", ex_gu, h, False, False)]
+                cases += [("experts_down bf16", ex_dn, y, True, False)]
+            for proj, ex, x, act, fp8 in cases:
                 res = []
-                modes = (triton_moe.DOT, triton_moe.DOT_FP8)
+                modes = (triton_moe.DOT, triton_moe.DOT_FP8) if fp8 else (triton_moe.DOT,)
                 cfgs: list[tuple[int, int, int, int, int]] = [
                     (bn, bk, 4, st, mode)
                     for bn in (32, 64, 128)
@@ -663,6 +675,8 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
                         for bk in (256, 512)
                         for st in (3, 4)
                     ]
+                    cfgs += [(bn, 1024, 4, 3, triton_moe.FMA_NARROW) for bn in (2, 4, 8, 16)]
+                    cfgs += [(bn, 2048, 8, 3, triton_moe.FMA_NARROW) for bn in (2, 4, 8)]
                 for cfg in cfgs:
 
                     def g(
@@ -670,12 +684,12 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
                         ex: Experts = ex,
                         x: torch.Tensor = x,
                         act: bool = act,
+                        fp8: bool = fp8,
                         id_sets: list[torch.Tensor] = id_sets,
                     ) -> None:
+                        w, sc = (ex.fp8, ex.scale) if fp8 else (ex.bf16, None)
                         for ids in id_sets:
-                            triton_moe.moe_grouped(
-                                x, ex.fp8, ex.scale, ids, x_per_pair=act, act=act, config=cfg
-                            )
+                            triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=act, act=act, config=cfg)
 
                     try:
                         us = time_graph(g, reps=1, replays=15) / len(id_sets)
@@ -684,7 +698,7 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
                         continue
                     res.append((us, cfg))
                 res.sort(key=lambda r: r[0])
-                nbytes = distinct * ex.fp8[0].numel()
+                nbytes = distinct * ex.fp8[0].numel() * (1 if fp8 else 2)
                 for rank, (us, cfg) in enumerate(res[:3]):
                     out.append(
                         {
@@ -707,6 +721,24 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
         del ex_gu, ex_dn
         torch.cuda.empty_cache()
     return out
+
+
+def retune(srows: list[dict[str, Any]], sms: int) -> list[str]:
+    """Make each swept dense shape's best configuration the skinny GEMM's table entry for
+    the rest of this run (micro, steps); returns the entries as lines of skinny_tuned.py."""
+    from mtpconv.kernels import skinny_tuned
+
+    lines = []
+    for r in srows:
+        if r["rank"] != 0 or r["linear"].startswith("experts"):
+            continue
+        dot, bn, bk, warps, stages, programs, mma, tma, narrow = r["config"]
+        key = (r["tokens"], r["n"], r["k"])
+        entry = (dot, bn, bk, warps, stages, programs // sms, mma, tma, narrow)
+        skinny_tuned.TUNED[key] = entry
+        model = r["model"].replace("-A17B", "").replace("-A3B", "")
+        lines.append(f"    {key}: {entry},  # {model} {r['linear']}, {r['tbps']:.2f} TB/s")
+    return lines
 
 
 def srows_markdown(rows: list[dict[str, Any]]) -> str:
@@ -792,6 +824,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--sweep-only", action="store_true", help="the sweep and nothing else")
     ap.add_argument(
+        "--retune",
+        action="store_true",
+        help="with --sweep: the sweep's best configurations replace the skinny GEMM's table for this run",
+    )
+    ap.add_argument(
         "--moe",
         choices=("grouped", "pair"),
         default="grouped",
@@ -829,6 +866,11 @@ def main(argv: list[str] | None = None) -> int:
         srows = sweep(tokens, dev, [SHAPES[m].name for m in args.models.split(",")])
         result["sweep"] = srows
         md += "### Sweep (best per shape)\n\n" + srows_markdown(srows) + "\n\n"
+        if args.retune:
+            from mtpconv.kernels.triton_skinny import sm_count
+
+            lines = retune(srows, sm_count(dev.index or 0))
+            md += "### Retuned skinny-GEMM entries (this run)\n\n```\n" + "\n".join(lines) + "\n```\n\n"
         (args.out / "bench_draft.json").write_text(json.dumps(result, indent=1))
     if args.sweep_only:
         (args.out / "bench_draft.md").write_text(md)

@@ -155,12 +155,15 @@ def _moe_grouped_kernel(
     DOT: tl.constexpr,
     FP8_MMA: tl.constexpr,
     PDL: tl.constexpr,
+    NARROW: tl.constexpr,
 ):
     # DOT=False (one token per expert at most, BLOCK_M == 1): FMA on CUDA cores with a
     # 2-D accumulator reduced once at the end, as the skinny GEMM does at one token.
     # FP8_MMA: FP8 weights meet FP8 activations in the MMA, each token's K tile
     # quantized here with its own scale (as the skinny GEMM's MMA == 2), instead of
-    # widening every weight tile to the activation dtype.
+    # widening every weight tile to the activation dtype. NARROW (FMA only): 8-byte weight
+    # loads whose layout is the activation row's, each thread summing its own 8 products
+    # (as the skinny GEMM's Config.narrow).
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
     if PDL:  # the ids and activations may come from the previous kernel (mtpconv.kernels.pdl)
@@ -184,12 +187,18 @@ def _moe_grouped_kernel(
             rows = slot_pair // TOPK
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
+        if NARROW:
+            offs_k = tl.max_contiguous(tl.multiple_of(offs_k, 8), 8)
         mask_n = offs_n < N
         w_ptrs = w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :]
-        x_ptrs = x_ptr + rows[None, :] * stride_xm + offs_k[:, None]
+        if NARROW:  # one row (BLOCK_M == 1), read as a vector in the weight tile's layout
+            x_ptrs = x_ptr + tl.sum(rows, axis=0) * stride_xm + offs_k
+            acc2 = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+        else:
+            x_ptrs = x_ptr + rows[None, :] * stride_xm + offs_k[:, None]
         if DOT:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        else:
+        elif not NARROW:
             acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             if EVEN_K:
@@ -201,7 +210,20 @@ def _moe_grouped_kernel(
                     w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0, eviction_policy="evict_first"
                 )
                 xmask = valid[None, :] & mask_k[:, None]
-            if ACT:  # the input holds [gate | up]: feed SiLU(gate) * up
+            if NARROW:
+                if EVEN_K:
+                    g = tl.load(x_ptrs).to(tl.float32)
+                    if ACT:
+                        u = tl.load(x_ptrs + K).to(tl.float32)
+                else:
+                    g = tl.load(x_ptrs, mask=mask_k, other=0.0).to(tl.float32)
+                    if ACT:
+                        u = tl.load(x_ptrs + K, mask=mask_k, other=0.0).to(tl.float32)
+                if ACT:  # rounded to the activation dtype, as the other modes feed it
+                    g = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+                prod = w.to(tl.float32) * g[None, :]
+                acc2 += tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // 8, 8)), axis=2)
+            elif ACT:  # the input holds [gate | up]: feed SiLU(gate) * up
                 g = tl.load(x_ptrs, mask=xmask, other=0.0).to(tl.float32)
                 u = tl.load(x_ptrs + K, mask=xmask, other=0.0).to(tl.float32)
                 xt = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
@@ -214,7 +236,7 @@ def _moe_grouped_kernel(
                 acc += tl.dot(w, q) * (amax / 448.0)[None, :]
             elif DOT:
                 acc = tl.dot(w.to(xt.dtype), xt, acc)
-            else:
+            elif not NARROW:
                 acc2 += w.to(tl.float32) * tl.reshape(xt.to(tl.float32), (1, BLOCK_K))
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
@@ -233,7 +255,9 @@ def _moe_grouped_kernel(
 GROUPED_MAX_TOKENS = 64  # tokens per launch the grouped kernel takes (one tile of tl.dot)
 
 
-FMA, DOT, DOT_FP8 = 0, 1, 2  # the config's last field: how a weight tile meets the tokens
+# the config's last field: how a weight tile meets the tokens (FMA_NARROW: FMA with the
+# kernel's NARROW loads and in-thread sums)
+FMA, DOT, DOT_FP8, FMA_NARROW = 0, 1, 2, 3
 
 
 def default_config(tokens: int, n: int, k: int, fp8: bool) -> tuple[int, int, int, int, int]:
@@ -241,14 +265,16 @@ def default_config(tokens: int, n: int, k: int, fp8: bool) -> tuple[int, int, in
 
     From ``scripts/bench_draft.py --sweep-only --tokens 1,4,16`` (docs/BENCHMARKS.md):
     FP8 experts take the FP8 MMA at 2+ tokens (3-4 TB/s on 397B / Next-80B experts,
-    where widening to BF16 read 1.8-3.1) and at one token when an expert is large
-    (> 2M weights); small experts at one token stay on FMA."""
+    where widening to BF16 read 1.8-3.1). At one token, experts with K >= 2048 (the
+    gate_up projections) take the narrow-load FMA; BF16 experts take it from K >= 1024
+    (within 1% of the swept best); other large FP8 experts (> 2M weights) the FP8 MMA,
+    small ones the FMA."""
+    if tokens == 1 and k >= (1024 if not fp8 else 2048):
+        return 8, 1024, 4, 3, FMA_NARROW
     if not fp8:
         return (16, 256, 4, 3, FMA) if tokens == 1 else (64, 128, 4, 3, DOT)
     if tokens == 1 and n * k <= 2 * 2**20:
         return 16, 256, 4, 3, FMA
-    if tokens == 1 and k > 1024:
-        return 64, 256, 4, 3, DOT_FP8
     return 128, 128, 4, 3, DOT_FP8
 
 
@@ -270,7 +296,7 @@ def moe_grouped(
     of a ``[.., 2K]`` row when ``act``, else the identity. ``topk_ids`` ``[T, topk]``
     (each token names an expert at most once, as top-k gives); ``route_w``
     ``[T, topk]`` or None. ``config``: ``(BLOCK_N, BLOCK_K, warps, stages, mode)``,
-    mode ``FMA`` (one token only; more run as ``DOT``), ``DOT`` (MMA in the activation
+    mode ``FMA`` or ``FMA_NARROW`` (one token only; more run as ``DOT``), ``DOT`` (MMA in the activation
     dtype, weight-only numerics) or ``DOT_FP8`` (FP8 weights only: MMA in FP8 with
     each token's K tile quantized in registers, W8A8 numerics).
     """
@@ -294,7 +320,7 @@ def moe_grouped(
     )
     if mode == DOT_FP8 and w.dtype != torch.float8_e4m3fn:
         raise ValueError(f"moe_grouped: the FP8 MMA needs FP8 experts, got {w.dtype}")
-    dot = mode != FMA or t > 1
+    dot = mode not in (FMA, FMA_NARROW) or t > 1
     block_m = max(16, triton.next_power_of_2(t)) if dot else 1
     rw = route_w.reshape(-1).contiguous() if route_w is not None else ids
     pdl = pdl_setting.setting(x.device)
@@ -326,6 +352,7 @@ def moe_grouped(
         DOT=dot,
         FP8_MMA=mode == DOT_FP8,
         PDL=pdl.value,
+        NARROW=mode == FMA_NARROW and not dot,
         num_warps=warps,
         num_stages=stages,
         launch_pdl=pdl is not pdl_setting.Pdl.OFF,

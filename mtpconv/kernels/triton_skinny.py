@@ -18,7 +18,8 @@ weight bytes in flight on every SM:
   ordered; the workspace is kept per stream and never freed);
 * one token: FMA on CUDA cores with a 2-D accumulator reduced once at the end;
   two or more: ``tl.dot`` with the weight rows on the MMA's M side and the
-  tokens (padded to 16) on its N side;
+  tokens (padded to 16) on its N side; ``Config.narrow`` (1-4 tokens): the
+  narrow-load GEMV of :mod:`mtpconv.kernels.triton_gemv` instead;
 * where the sweep found it faster (``Config.tma``: some 2-16 token shapes, by 1-6%),
   weight tiles arrive by TMA bulk copies through a host-side tensor descriptor.
 * with ``MTPCONV_PDL`` set (:mod:`mtpconv.kernels.pdl`; off by default), launched
@@ -146,14 +147,43 @@ def _skinny_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     if not DOT:
         acc = tl.reshape(tl.sum(acc2, axis=1), (BLOCK_N, 1))
+    finish_tile(
+        acc, s_ptr, b_ptr, o_ptr, ws_ptr, cnt_ptr, offs_n, offs_m, mask_n, mask_m, M, N, n_split,
+        stride_om, SCALE, HAS_BIAS, USE_SPLIT,
+    )  # fmt: skip
+
+
+@triton.jit
+def finish_tile(
+    acc,
+    s_ptr,
+    b_ptr,
+    o_ptr,
+    ws_ptr,
+    cnt_ptr,
+    offs_n,
+    offs_m,
+    mask_n,
+    mask_m,
+    M,
+    N,
+    n_split,
+    stride_om,
+    SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_SPLIT: tl.constexpr,
+):
+    """One program's ``[BLOCK_N, BLOCK_M]`` partial sums: straight to the epilogue, or (split-K)
+    into the workspace, the last of the tile's pieces to arrive summing them (grid
+    ``(n tiles, pieces, m tiles)``)."""
     mask = mask_n[:, None] & mask_m[None, :]
     tile_off = offs_m[None, :] * N + offs_n[:, None]
     if USE_SPLIT:
-        tl.store(ws_ptr + pid_k * M * N + tile_off, acc, mask=mask)
+        tl.store(ws_ptr + tl.program_id(1) * M * N + tile_off, acc, mask=mask)
         # Every thread's partial is issued before one thread bumps the counter
         # (release at GPU scope); the last piece reads the partials from L2.
         tl.debug_barrier()
-        tile = pid_m * tl.num_programs(0) + pid_n
+        tile = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
         arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if arrived == n_split - 1:
             acc = tl.zeros_like(acc)
@@ -203,6 +233,10 @@ class Config(NamedTuple):
     # tile quantized in registers with its own scale (W8A8 error, any range).
     mma: int = 0
     tma: bool = False  # weight tiles by TMA bulk copies (block_k <= 256, K a multiple of 16)
+    # 1-4 tokens, dot False: the narrow-load GEMV (mtpconv.kernels.triton_gemv): 8-byte
+    # weight loads in the activation row's layout, no barrier in the K loop, an accumulator
+    # of one float per 8 weights per thread
+    narrow: bool = False
 
 
 @functools.lru_cache(maxsize=8)
@@ -221,8 +255,8 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
     bucket = token_bucket(m)
     tuned = TUNED.get((bucket, n, k)) if bucket is not None else None
     if tuned is not None:
-        dot, block_n, block_k, warps, stages, waves, mma, tma = tuned
-        return Config(dot, block_n, block_k, warps, stages, waves * sms, mma, tma)
+        dot, block_n, block_k, warps, stages, waves, mma, tma, narrow = tuned
+        return Config(dot, block_n, block_k, warps, stages, waves * sms, mma, tma, narrow)
     if m == 1:
         if n * k <= 8 * 2**20:
             return Config(False, 8, 512, 4, 3, 4 * sms)
@@ -310,9 +344,15 @@ def skinny_linear(
         s = s.contiguous()
     sms = sm_count(x.device.index or 0) if x.device.type == "cuda" else 8
     cfg = config if config is not None else default_config(m, n, k, sms)
-    dot = cfg.dot or m > 1
+    from mtpconv.kernels import triton_gemv  # it imports this module's finish_tile
+
+    gemv = cfg.narrow and not cfg.dot
+    if gemv and m > triton_gemv.MAX_TOKENS:
+        raise ValueError(f"a narrow configuration takes at most {triton_gemv.MAX_TOKENS} tokens, got {m}")
+    dot = not gemv and (cfg.dot or m > 1)
     block_k = min(cfg.block_k, BLOCK) if kind == SCALE_BLOCK else cfg.block_k
-    block_m = 1 if not dot else (16 if m <= 16 else (32 if m <= 32 else 64))
+    mma_m = min(64, max(16, triton.next_power_of_2(m)))  # the MMA's token tile
+    block_m = triton_gemv.block_m(m) if gemv else (mma_m if dot else 1)
     m_tiles = triton.cdiv(m, block_m)
     n_tiles = triton.cdiv(n, cfg.block_n)
     n_split, k_per = split_for(
@@ -322,44 +362,33 @@ def skinny_linear(
         ws, cnt = _workspace(x.device, n_split * m * n, n_tiles * m_tiles)
     else:
         ws, cnt = out, out  # unused pointers
+    args = (x2, w, s, bias if bias is not None else s, out, ws, cnt, m, n, k, k_per, n_split)
+    strides = (x2.stride(0), w.stride(0), out.stride(0), s.stride(0) if kind == SCALE_BLOCK else 0)
+    pdl = pdl_setting.setting(x.device)
+    common = {
+        "SCALE": kind,
+        "HAS_BIAS": bias is not None,
+        "USE_SPLIT": n_split > 1,
+        "BLOCK_M": block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": block_k,
+        "EVEN_K": k % k_per == 0,
+        "PDL": pdl.value,
+        "num_warps": cfg.warps,
+        "num_stages": cfg.stages,
+        "launch_pdl": pdl is not pdl_setting.Pdl.OFF,
+    }
+    if gemv:
+        triton_gemv.gemv_kernel[(n_tiles, n_split, m_tiles)](*args, *strides, **common)
+        return out.reshape(*x.shape[:-1], n)
     tma = cfg.tma and block_k <= 256 and cfg.block_n <= 256 and k % 16 == 0 and w.is_contiguous()
     w_desc: object = w
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         w_desc = TensorDescriptor.from_tensor(w, [cfg.block_n, block_k])
-    pdl = pdl_setting.setting(x.device)
+    x_, w_, *rest = args
     _skinny_kernel[(n_tiles, n_split, m_tiles)](
-        x2,
-        w,
-        w_desc,
-        s,
-        bias if bias is not None else s,
-        out,
-        ws,
-        cnt,
-        m,
-        n,
-        k,
-        k_per,
-        n_split,
-        x2.stride(0),
-        w.stride(0),
-        out.stride(0),
-        s.stride(0) if kind == SCALE_BLOCK else 0,
-        SCALE=kind,
-        HAS_BIAS=bias is not None,
-        USE_SPLIT=n_split > 1,
-        DOT=dot,
-        MMA=cfg.mma if dot else 0,
-        BLOCK_M=block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=block_k,
-        EVEN_K=k % k_per == 0,
-        TMA=tma,
-        PDL=pdl.value,
-        num_warps=cfg.warps,
-        num_stages=cfg.stages,
-        launch_pdl=pdl is not pdl_setting.Pdl.OFF,
+        x_, w_, w_desc, *rest, *strides, DOT=dot, MMA=cfg.mma if dot else 0, TMA=tma, **common
     )
     return out.reshape(*x.shape[:-1], n)

@@ -141,23 +141,28 @@ def test_skinny_split_k_matches_dequantized_reference(m: int, n: int, k: int, la
     base = ts.default_config(m, n, k, ts.sm_count(0))
     # no split, the default, and as many K pieces as the shape allows
     for programs in (1, 1 << 20):
-        for dot, mma, tma in (
-            (False, 0, False),
-            (True, 0, False),
-            (True, 1, False),
-            (True, 2, False),
-            (False, 0, True),
-            (True, 2, True),
+        for dot, mma, tma, narrow, block_k, warps in (
+            (False, 0, False, False, base.block_k, base.warps),
+            (True, 0, False, False, base.block_k, base.warps),
+            (True, 1, False, False, base.block_k, base.warps),
+            (True, 2, False, False, base.block_k, base.warps),
+            (False, 0, True, False, min(base.block_k, 256), base.warps),
+            (True, 2, True, False, min(base.block_k, 256), base.warps),
+            (False, 0, False, True, base.block_k, base.warps),
+            (False, 0, False, True, 1024, 4),  # block_k = 256 * warps: no layout exchange
+            (False, 0, False, True, 2048, 8),
+            (False, 0, False, True, 64, 4),  # block_k < 256 * warps: an exchange, same result
         ):
+            if narrow and m > 4:  # the narrow-load GEMV takes 1-4 tokens
+                continue
             cfg = base._replace(
-                programs=programs,
-                dot=dot,
-                mma=mma,
-                tma=tma,
-                block_k=min(base.block_k, 256) if tma else base.block_k,
+                programs=programs, dot=dot, mma=mma, tma=tma, narrow=narrow, block_k=block_k, warps=warps
             )
+            if narrow:
+                cfg = cfg._replace(block_n=min(cfg.block_n, 8))
             y = ts.skinny_linear(x, w, s, b, config=cfg)
-            # mma=2 rounds the activations to FP8 (one scale per token and K tile): W8A8 error
+            # mma=2 rounds the activations to FP8 (one scale per token and K tile): W8A8 error;
+            # the narrow GEMV is weight-only at 1-4 tokens
             assert _rel(y, ref) < (6e-2 if mma == 2 else 1e-2), (cfg, _rel(y, ref))
             err = 1e-1 if mma == 2 else 1e-2
             assert float((y.double() - ref).abs().max()) <= err * float(ref.abs().max()), cfg
@@ -165,13 +170,16 @@ def test_skinny_split_k_matches_dequantized_reference(m: int, n: int, k: int, la
             assert torch.equal(y, ts.skinny_linear(x, w, s, b, config=cfg)), cfg
 
 
-def test_skinny_split_k_in_cuda_graph_replays() -> None:
+@pytest.mark.parametrize("narrow", [False, True])
+def test_skinny_split_k_in_cuda_graph_replays(narrow: bool) -> None:
     if not triton_available():
         pytest.skip("needs triton")
     from mtpconv.kernels import triton_skinny as ts
 
     x, w, s, _ = _case(4, 2048, 8192, "tensor", bias=False)
     cfg = ts.default_config(4, 2048, 8192, ts.sm_count(0))._replace(programs=1 << 20)
+    if narrow:  # the narrow-load GEMV, four tokens per program
+        cfg = cfg._replace(dot=False, mma=0, tma=False, narrow=True, block_n=4, block_k=1024, warps=4)
     assert ts.split_for(32, 8192, cfg.block_k, cfg.programs)[0] > 1
     ts.skinny_linear(x, w, s, config=cfg)
     torch.cuda.synchronize()
@@ -184,7 +192,18 @@ def test_skinny_split_k_in_cuda_graph_replays() -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(a, ts.skinny_linear(x, w, s, config=cfg))
-        assert _rel(c, _ref(x * 2, w, s, None)) < 6e-2
+        assert _rel(c, _ref(x * 2, w, s, None)) < (1e-2 if narrow else 6e-2)
+
+
+def test_narrow_configuration_refuses_more_than_four_tokens() -> None:
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import triton_skinny as ts
+
+    x, w, s, _ = _case(5, 256, 1024, "tensor", bias=False)
+    cfg = ts.Config(False, 4, 1024, 4, 3, 132, narrow=True)
+    with pytest.raises(ValueError, match="at most 4 tokens"):
+        ts.skinny_linear(x, w, s, config=cfg)
 
 
 @pytest.mark.parametrize("tokens", [1, 4, 16, 64, 65])
@@ -221,6 +240,41 @@ def test_grouped_moe_matches_reference(tokens: int, fp8: bool) -> None:
     act = (torch.nn.functional.silu(xp[:, :k].float()) * xp[:, k:].float()).to(torch.bfloat16).double()
     ref = torch.einsum("pk,pnk->pn", act, deq[flat]) * rw.reshape(-1, 1).double()
     assert _rel(out, ref) < tol
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+@pytest.mark.parametrize("k", [256, 200])
+def test_grouped_moe_one_token_fma_modes_match_reference(fp8: bool, k: int) -> None:
+    """One token: the FMA mode and the narrow-load FMA mode are weight-only (rel. L2 < 1e-2),
+    for a K that is and one that is not a multiple of the tile, and for tiles wider than K."""
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import triton_moe
+
+    g = torch.Generator().manual_seed(k)
+    e, top, n = 32, 8, 264
+    raw = torch.randn(e, n, k, generator=g) * 0.05
+    q = quantize_fp8(raw)
+    w, sc = (q.weight.to(DEV), q.scale.to(DEV)) if fp8 else (raw.to(torch.bfloat16).to(DEV), None)
+    deq = (q.weight.double() * q.scale.double()[:, None, None]) if fp8 else raw.to(torch.bfloat16).double()
+    deq = deq.to(DEV)
+    ids = torch.randperm(e, generator=g)[:top].reshape(1, top).to(DEV)
+    x = torch.randn(1, k, generator=g).to(torch.bfloat16).to(DEV)
+    xp = torch.randn(top, 2 * k, generator=g).to(torch.bfloat16).to(DEV)
+    rw = torch.rand(1, top, generator=g).to(torch.bfloat16).to(DEV)
+    ref = torch.einsum("k,pnk->pn", x[0].double(), deq[ids[0]])
+    act = (torch.nn.functional.silu(xp[:, :k].float()) * xp[:, k:].float()).to(torch.bfloat16).double()
+    ref_act = torch.einsum("pk,pnk->pn", act, deq[ids[0]]) * rw.reshape(-1, 1).double()
+    for cfg in (
+        (16, 128, 4, 3, triton_moe.FMA),
+        (16, 128, 4, 3, triton_moe.FMA_NARROW),
+        (4, 1024, 4, 3, triton_moe.FMA_NARROW),
+        (8, 2048, 8, 3, triton_moe.FMA_NARROW),
+    ):
+        out = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, config=cfg)
+        assert _rel(out, ref) < 1e-2, cfg
+        out = triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, route_w=rw, config=cfg)
+        assert _rel(out, ref_act) < 1e-2, cfg
 
 
 @pytest.mark.parametrize("tokens", [2, 5, 16])

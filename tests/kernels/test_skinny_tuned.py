@@ -11,13 +11,15 @@ def test_token_buckets() -> None:
 
 def test_every_tuned_entry_is_a_launchable_configuration() -> None:
     assert TUNED
-    for (tokens, n, k), (dot, block_n, block_k, warps, stages, waves, mma, tma) in TUNED.items():
+    for (tokens, n, k), (dot, block_n, block_k, warps, stages, waves, mma, tma, narrow) in TUNED.items():
         assert tokens in (1, 4, 16) and n > 0 and k > 0
-        assert dot == (tokens > 1), "FMA only at one token; the MMA from two"
+        assert dot == (tokens > 1) or narrow, "FMA at one token (and the narrow GEMV to 4); the MMA above"
+        assert tokens <= 4 or not narrow, "the narrow GEMV takes 1-4 tokens"
         assert mma == (2 if dot else 0), "FP8 MMA (any activation range) or FMA"
         for v in (block_n, block_k, warps):
             assert v & (v - 1) == 0, "Triton tiles and warps are powers of two"
         assert block_k >= 128 or not dot  # the FP8 MMA's K tile
         assert 2 <= stages <= 4 and 1 <= waves <= 16
+        assert not (narrow and dot), "narrow weight loads are the FMA path's"
         if tma:  # a TMA box is at most 256 elements a side; K rows 16-byte aligned
             assert block_k <= 256 and block_n <= 256 and k % 16 == 0
