@@ -248,7 +248,8 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
     """The sweep's best configuration for a benchmarked shape (:mod:`skinny_tuned`),
     else rules from the sweep on the H200 (scripts/bench_draft.py --sweep, docs/BENCHMARKS.md).
 
-    One token: FMA on CUDA cores (weight-only numerics). Two or more: FP8 MMA with the
+    One token: FMA on CUDA cores (weight-only numerics), the narrow-load GEMV from K = 4096
+    (it won every swept shape with K >= 4096 at one token). Two or more: FP8 MMA with the
     activations quantized per (token, 128-wide K tile) in registers, which was within 4%
     of the best configuration on every 27B / 397B linear (the FP16 MMA was as fast but
     overflows on activations beyond 65504; the BF16 MMA was 1.5x slower)."""
@@ -258,6 +259,8 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
         dot, block_n, block_k, warps, stages, waves, mma, tma, narrow = tuned
         return Config(dot, block_n, block_k, warps, stages, waves * sms, mma, tma, narrow)
     if m == 1:
+        if k >= 4096:
+            return Config(False, 8, 1024, 4, 3, 4 * sms, narrow=True)
         if n * k <= 8 * 2**20:
             return Config(False, 8, 512, 4, 3, 4 * sms)
         if k <= 2048 or (n >= 12288 and n * k <= 80 * 2**20):
