@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mtpconv.kernels.triton_skinny import finish_tile
+from mtpconv.kernels.triton_skinny import finish_tile, pdl_enter, weight_tile
 
 MAX_TOKENS = 4
 
@@ -77,10 +77,7 @@ def gemv_kernel(
     offs_k = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_K), 8), 8)
     mask_n = offs_n < N
     k_start = pid_k * k_per_split
-    if PDL:  # everything below may read what the previous kernel writes (mtpconv.kernels.pdl)
-        tl.extra.cuda.gdc_wait()
-    if PDL == 1:
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_start + offs_k)[None, :]
     x_ptrs = x_ptr + row0 * stride_xm + k_start + offs_k
     acc0 = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
@@ -91,14 +88,9 @@ def gemv_kernel(
         acc3 = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
     mask_k = offs_k < K  # replaced on every K step when K is uneven
     for kk in range(0, k_per_split, BLOCK_K):
-        if EVEN_K:
-            w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0, eviction_policy="evict_first")
-        else:
+        if not EVEN_K:
             mask_k = (k_start + kk + offs_k) < K
-            w = tl.load(
-                w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0, eviction_policy="evict_first"
-            )
-        wf = w.to(tl.float32)
+        wf = weight_tile(w_ptrs, mask_n, mask_k, EVEN_K).to(tl.float32)
         if SCALE == 2:
             sb = tl.load(s_ptr + (offs_n // 128) * stride_sn + (k_start + kk) // 128, mask=mask_n, other=0.0)
             wf = wf * sb[:, None]

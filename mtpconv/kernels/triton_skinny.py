@@ -86,10 +86,7 @@ def _skinny_kernel(
     mask_n = offs_n < N
     mask_m = offs_m < M
     k_start = pid_k * k_per_split
-    if PDL:  # everything below may read what the previous kernel writes (mtpconv.kernels.pdl)
-        tl.extra.cuda.gdc_wait()
-    if PDL == 1:
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_start + offs_k)[None, :]
     if DOT:
         x_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_start + offs_k)[:, None]
@@ -97,17 +94,14 @@ def _skinny_kernel(
     else:
         x_ptrs = x_ptr + pid_m * stride_xm + k_start + offs_k
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    mask_k = offs_k < K  # replaced on every K step when K is uneven
     for kk in range(0, k_per_split, BLOCK_K):
         if not EVEN_K:
             mask_k = (k_start + kk + offs_k) < K
         if TMA:  # a bulk copy by the tensor-memory accelerator; zero-filled past N and K
             w = w_desc.load([pid_n * BLOCK_N, k_start + kk])
-        elif EVEN_K:
-            w = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0, eviction_policy="evict_first")
         else:
-            w = tl.load(
-                w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0, eviction_policy="evict_first"
-            )
+            w = weight_tile(w_ptrs, mask_n, mask_k, EVEN_K)
         if SCALE == 2:
             sb = tl.load(s_ptr + (offs_n // 128) * stride_sn + (k_start + kk) // 128, mask=mask_n, other=0.0)
         if DOT:
@@ -151,6 +145,24 @@ def _skinny_kernel(
         acc, s_ptr, b_ptr, o_ptr, ws_ptr, cnt_ptr, offs_n, offs_m, mask_n, mask_m, M, N, n_split,
         stride_om, SCALE, HAS_BIAS, USE_SPLIT,
     )  # fmt: skip
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """With PDL on: wait for the previous kernel (everything after may read what it wrote)
+    and, in mode ``early``, let the next kernel launch (:mod:`mtpconv.kernels.pdl`)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    if PDL == 1:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def weight_tile(w_ptrs, mask_n, mask_k, EVEN_K: tl.constexpr):
+    """One ``[BLOCK_N, BLOCK_K]`` weight tile, read once (evict first), zero past N and K."""
+    if EVEN_K:
+        return tl.load(w_ptrs, mask=mask_n[:, None], other=0.0, eviction_policy="evict_first")
+    return tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0, eviction_policy="evict_first")
 
 
 @triton.jit
