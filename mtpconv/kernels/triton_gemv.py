@@ -14,7 +14,7 @@ so that nothing but weight loads and arithmetic sits in the K loop:
   accumulator per token), so the weights are read once for all of them.
 
 Split-K, the scale layouts and the epilogue are the skinny GEMM's
-(:func:`mtpconv.kernels.triton_skinny.finish_tile`).
+(:func:`mtpconv.kernels.triton_tile.finish_tile`).
 """
 
 # Triton kernels are untyped by nature.
@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mtpconv.kernels.triton_skinny import finish_tile, pdl_enter, weight_tile
+from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, weight_tile
 
 MAX_TOKENS = 4
 

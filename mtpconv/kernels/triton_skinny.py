@@ -40,8 +40,10 @@ import triton
 import triton.language as tl
 
 from mtpconv.kernels import pdl as pdl_setting
+from mtpconv.kernels import triton_gemv
 from mtpconv.kernels.reference import BLOCK, is_block_scale
 from mtpconv.kernels.skinny_tuned import TUNED, token_bucket
+from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, weight_tile
 
 SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK = 0, 1, 2
 
@@ -145,90 +147,6 @@ def _skinny_kernel(
         acc, s_ptr, b_ptr, o_ptr, ws_ptr, cnt_ptr, offs_n, offs_m, mask_n, mask_m, M, N, n_split,
         stride_om, SCALE, HAS_BIAS, USE_SPLIT,
     )  # fmt: skip
-
-
-@triton.jit
-def pdl_enter(PDL: tl.constexpr):
-    """With PDL on: wait for the previous kernel (everything after may read what it wrote)
-    and, in mode ``early``, let the next kernel launch (:mod:`mtpconv.kernels.pdl`)."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    if PDL == 1:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def weight_tile(w_ptrs, mask_n, mask_k, EVEN_K: tl.constexpr):
-    """One ``[BLOCK_N, BLOCK_K]`` weight tile, read once (evict first), zero past N and K."""
-    if EVEN_K:
-        return tl.load(w_ptrs, mask=mask_n[:, None], other=0.0, eviction_policy="evict_first")
-    return tl.load(w_ptrs, mask=mask_n[:, None] & mask_k[None, :], other=0.0, eviction_policy="evict_first")
-
-
-@triton.jit
-def finish_tile(
-    acc,
-    s_ptr,
-    b_ptr,
-    o_ptr,
-    ws_ptr,
-    cnt_ptr,
-    offs_n,
-    offs_m,
-    mask_n,
-    mask_m,
-    M,
-    N,
-    n_split,
-    stride_om,
-    SCALE: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    USE_SPLIT: tl.constexpr,
-):
-    """One program's ``[BLOCK_N, BLOCK_M]`` partial sums: straight to the epilogue, or (split-K)
-    into the workspace, the last of the tile's pieces to arrive summing them (grid
-    ``(n tiles, pieces, m tiles)``)."""
-    mask = mask_n[:, None] & mask_m[None, :]
-    tile_off = offs_m[None, :] * N + offs_n[:, None]
-    if USE_SPLIT:
-        tl.store(ws_ptr + tl.program_id(1) * M * N + tile_off, acc, mask=mask)
-        # Every thread's partial is issued before one thread bumps the counter
-        # (release at GPU scope); the last piece reads the partials from L2.
-        tl.debug_barrier()
-        tile = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
-        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == n_split - 1:
-            acc = tl.zeros_like(acc)
-            for s in range(0, n_split):
-                acc += tl.load(ws_ptr + s * M * N + tile_off, mask=mask, other=0.0, cache_modifier=".cg")
-            _epilogue(acc, s_ptr, b_ptr, o_ptr, offs_n, offs_m, mask_n, mask, stride_om, SCALE, HAS_BIAS)
-            tl.atomic_xchg(cnt_ptr + tile, 0)
-    else:
-        _epilogue(acc, s_ptr, b_ptr, o_ptr, offs_n, offs_m, mask_n, mask, stride_om, SCALE, HAS_BIAS)
-
-
-@triton.jit
-def _epilogue(
-    acc,
-    s_ptr,
-    b_ptr,
-    o_ptr,
-    offs_n,
-    offs_m,
-    mask_n,
-    mask,
-    stride_om,
-    SCALE: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-):
-    if SCALE == 0:
-        acc = acc * tl.load(s_ptr)
-    elif SCALE == 1:
-        acc = acc * tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[:, None]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
-    o_ptrs = o_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
-    tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 class Config(NamedTuple):
@@ -359,8 +277,6 @@ def skinny_linear(
         s = s.contiguous()
     sms = sm_count(x.device.index or 0) if x.device.type == "cuda" else 8
     cfg = config if config is not None else default_config(m, n, k, sms)
-    from mtpconv.kernels import triton_gemv  # it imports this module's finish_tile
-
     gemv = cfg.narrow and not cfg.dot
     if gemv and m > triton_gemv.MAX_TOKENS:
         raise ValueError(f"a narrow configuration takes at most {triton_gemv.MAX_TOKENS} tokens, got {m}")
