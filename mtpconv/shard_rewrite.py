@@ -30,8 +30,7 @@ from mtpconv.formats.fp8_table import (
     HALF_DTYPES,
     NonFiniteWeightError,
     QuantError,
-    quantize_codes,
-    quantize_experts,
+    quantize_table,
     replicate_scale,
 )
 from mtpconv.layouts import Linear, Stored, module_of
@@ -70,11 +69,8 @@ def _quantize(name: str, w: HalfCodes | torch.Tensor, device: str) -> tuple[Fp8B
     on ``device`` (NVFP4 dequantized to float32, a CUDA conversion, the draft head)."""
     try:
         if isinstance(w, HalfCodes):
-            if w.codes.ndim == 3:
-                q, scales, error = quantize_experts(w.codes, w.dtype)
-                return Fp8Bytes(q, scales), error
-            r = quantize_codes(w.codes, w.dtype)
-            return Fp8Bytes(r.codes, np.asarray(r.scale, dtype=np.float32)), r.error
+            q, scale, error = quantize_table(w.codes, w.dtype)
+            return Fp8Bytes(q, scale), error
         import torch
 
         from mtpconv.formats.fp8 import quantize_fp8_checked

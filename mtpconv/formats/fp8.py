@@ -22,8 +22,7 @@ from mtpconv.formats.fp8_table import (
     TINY,
     NonFiniteWeightError,
     QuantError,
-    quantize_codes,
-    quantize_experts,
+    quantize_table,
 )
 
 __all__ = [  # the torch API of the FP8 format; the numpy pieces it re-exports come first
@@ -107,13 +106,8 @@ def _quantize_half_lut(w: torch.Tensor) -> tuple[Fp8Tensor, QuantError]:
     """FP8 quantization of a 16-bit float CPU tensor through the 65,536-entry table
     (:mod:`mtpconv.formats.fp8_table`): the bytes of :func:`quantize_fp8`, exact error
     statistics; a 3-D tensor is quantized per expert."""
-    codes = w.contiguous().view(torch.uint16).numpy()
-    if w.dim() == 3:
-        q, scales, error = quantize_experts(codes, _HALF_NAMES[w.dtype])
-        return Fp8Tensor(torch.from_numpy(q).view(FP8_DTYPE), torch.from_numpy(scales)), error
-    r = quantize_codes(codes, _HALF_NAMES[w.dtype])
-    weight = torch.from_numpy(r.codes).view(FP8_DTYPE)
-    return Fp8Tensor(weight, torch.tensor(r.scale, dtype=torch.float32)), r.error
+    q, scale, error = quantize_table(w.contiguous().view(torch.uint16).numpy(), _HALF_NAMES[w.dtype])
+    return Fp8Tensor(torch.from_numpy(q).view(FP8_DTYPE), torch.from_numpy(scale)), error
 
 
 def quantize_fp8_checked(w: torch.Tensor) -> tuple[Fp8Tensor, QuantError]:

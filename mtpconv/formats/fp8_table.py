@@ -175,15 +175,13 @@ def quantize_codes(codes: np.ndarray, dtype: str, out: np.ndarray | None = None)
     return TableResult(codes=q.reshape(codes.shape), scale=scale, error=error, norm=norm)
 
 
-def quantize_experts(
-    codes: np.ndarray, dtype: str, out: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, QuantError]:
+def quantize_experts(codes: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray, QuantError]:
     """Fused experts ``[E, out, in]`` of 16-bit patterns: one table and scale per expert.
 
-    Returns the FP8 bytes (in ``out`` when given, as for :func:`quantize_codes`), the
-    ``[E]`` float32 scales and the error over all experts.
+    Returns the FP8 bytes (each expert's written into its slice), the ``[E]`` float32
+    scales and the error over all experts.
     """
-    q = (np.empty(codes.size, np.uint8) if out is None else out.reshape(-1)).reshape(codes.shape)
+    q = np.empty(codes.shape, np.uint8)
     parts = [quantize_codes(codes[e], dtype, q[e]) for e in range(codes.shape[0])]
     total = sum(p.norm**2 for p in parts) ** 0.5
     rel = (sum((p.error.rel_l2 * p.norm) ** 2 for p in parts) ** 0.5 / total) if total > 0 else 0.0
@@ -193,6 +191,15 @@ def quantize_experts(
         amax=max((p.error.amax for p in parts), default=0.0),
     )
     return q, np.array([p.scale for p in parts], dtype=np.float32), error
+
+
+def quantize_table(codes: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray, QuantError]:
+    """A 2-D weight (one 0-d scale) or fused 3-D experts (one scale each) of 16-bit
+    patterns: ``(FP8 bytes, float32 scale, error)``."""
+    if codes.ndim == 3:
+        return quantize_experts(codes, dtype)
+    r = quantize_codes(codes, dtype)
+    return r.codes, np.asarray(r.scale, dtype=np.float32), r.error
 
 
 def replicate_scale(

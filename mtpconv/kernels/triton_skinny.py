@@ -318,8 +318,7 @@ def skinny_linear(
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         w_desc = TensorDescriptor.from_tensor(w, [cfg.block_n, block_k])
-    x_, w_, *rest = args
     _skinny_kernel[(n_tiles, n_split, m_tiles)](
-        x_, w_, w_desc, *rest, *strides, DOT=dot, MMA=cfg.mma if dot else 0, TMA=tma, **common
+        x2, w, w_desc, *args[2:], *strides, DOT=dot, MMA=cfg.mma if dot else 0, TMA=tma, **common
     )
     return out.reshape(*x.shape[:-1], n)
