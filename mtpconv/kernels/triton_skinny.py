@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from mtpconv.kernels import pdl as pdl_setting
-from mtpconv.kernels import triton_fragment, triton_gemv
+from mtpconv.kernels import triton_gemv
 from mtpconv.kernels.reference import BLOCK, is_block_scale
 from mtpconv.kernels.skinny_tuned import TUNED, token_bucket
 from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, weight_tile
@@ -160,9 +160,7 @@ class Config(NamedTuple):
     programs: int  # programs resident at once: K is split so the work fills whole waves
     # dot operands: 0 the activation dtype (bf16: slow, measured); 1 fp16 (weight-only
     # numerics, but activations must fit fp16's range); 2 fp8: each token's 128-wide K
-    # tile quantized in registers with its own scale (W8A8 error, any range); 3 fp16 MMA
-    # on register fragments (mtpconv.kernels.triton_fragment: no shared memory, activations
-    # scaled by 2**-6 into fp16, BF16 activations, tensor / row scales; else as 2).
+    # tile quantized in registers with its own scale (W8A8 error, any range).
     mma: int = 0
     tma: bool = False  # weight tiles by TMA bulk copies (block_k <= 256, K a multiple of 16)
     # 1-4 tokens, dot False: the narrow-load GEMV (mtpconv.kernels.triton_gemv): 8-byte
@@ -283,23 +281,9 @@ def skinny_linear(
     if gemv and m > triton_gemv.MAX_TOKENS:
         raise ValueError(f"a narrow configuration takes at most {triton_gemv.MAX_TOKENS} tokens, got {m}")
     dot = not gemv and (cfg.dot or m > 1)
-    words, prefetch = triton_fragment.variant(cfg.mma)
-    frag = (
-        dot
-        and cfg.mma >= 3
-        and kind != SCALE_BLOCK
-        and triton_fragment.usable(x2, w, cfg.block_n, cfg.block_k, cfg.warps, words)
-    )
-    if dot and cfg.mma >= 3 and not frag:
-        cfg = cfg._replace(mma=2)
     block_k = min(cfg.block_k, BLOCK) if kind == SCALE_BLOCK else cfg.block_k
     mma_m = min(64, max(16, triton.next_power_of_2(m)))  # the MMA's token tile
-    if gemv:
-        block_m = triton_gemv.block_m(m)
-    elif frag:
-        block_m = triton_fragment.block_m(m)
-    else:
-        block_m = mma_m if dot else 1
+    block_m = triton_gemv.block_m(m) if gemv else (mma_m if dot else 1)
     m_tiles = triton.cdiv(m, block_m)
     n_tiles = triton.cdiv(n, cfg.block_n)
     n_split, k_per = split_for(
@@ -327,11 +311,6 @@ def skinny_linear(
     }
     if gemv:
         triton_gemv.gemv_kernel[(n_tiles, n_split, m_tiles)](*args, *strides, **common)
-        return out.reshape(*x.shape[:-1], n)
-    if frag:
-        triton_fragment.fragment_kernel[(n_tiles, n_split, m_tiles)](
-            *args, *strides, WARPS=cfg.warps, WORDS=words, PREFETCH=prefetch, **common
-        )
         return out.reshape(*x.shape[:-1], n)
     tma = cfg.tma and block_k <= 256 and cfg.block_n <= 256 and k % 16 == 0 and w.is_contiguous()
     w_desc: object = w
