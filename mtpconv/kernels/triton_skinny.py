@@ -176,13 +176,17 @@ def sm_count(index: int) -> int:
 
 def default_config(m: int, n: int, k: int, sms: int) -> Config:
     """The sweep's best configuration for a benchmarked shape (:mod:`skinny_tuned`),
-    else rules from the sweep on the H200 (scripts/bench_draft.py --sweep, docs/BENCHMARKS.md).
+    else rules from sweeps on the H200 (scripts/bench_draft.py --sweep for the tuned
+    shapes, scripts/bench_rule.py for other families' drafter linears; docs/BENCHMARKS.md).
 
     One token: FMA on CUDA cores (weight-only numerics), the narrow-load GEMV from K = 4096
-    (it won every swept shape with K >= 4096 at one token). Two or more: FP8 MMA with the
-    activations quantized per (token, 128-wide K tile) in registers, which was within 4%
-    of the best configuration on every 27B / 397B linear (the FP16 MMA was as fast but
-    overflows on activations beyond 65504; the BF16 MMA was 1.5x slower)."""
+    (it won every swept shape with K >= 4096 at one token), two rows a program where the
+    rows are few (fewer 8-row tiles than a wave of programs: N < 4224 on the H200) or long
+    (K >= 14336), else eight. Two or more: FP8 MMA with the activations quantized per (token, 128-wide K tile)
+    in registers, which was within 4% of the best configuration on every 27B / 397B linear
+    (the FP16 MMA was as fast but overflows on activations beyond 65504; the BF16 MMA was
+    1.5x slower); on other families' shapes it is up to 83% slower than the best (64 x 256
+    tiles by TMA won there on some shapes and lost on others: docs/BENCHMARKS.md)."""
     bucket = token_bucket(m)
     tuned = TUNED.get((bucket, n, k)) if bucket is not None else None
     if tuned is not None:
@@ -190,7 +194,8 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
         return Config(dot, block_n, block_k, warps, stages, waves * sms, mma, tma, narrow)
     if m == 1:
         if k >= 4096:
-            return Config(False, 8, 1024, 4, 3, 4 * sms, narrow=True)
+            rows = 2 if n < 8 * 4 * sms or k >= 14336 else 8  # 4 * sms: one wave of programs
+            return Config(False, rows, 1024, 4, 3, 4 * sms, narrow=True)
         if n * k <= 8 * 2**20:
             return Config(False, 8, 512, 4, 3, 4 * sms)
         if k <= 2048 or (n >= 12288 and n * k <= 80 * 2**20):

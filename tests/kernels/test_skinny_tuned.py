@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mtpconv.kernels.skinny_tuned import TUNED, token_bucket
 
 
@@ -23,3 +25,20 @@ def test_every_tuned_entry_is_a_launchable_configuration() -> None:
         assert not (narrow and dot), "narrow weight loads are the FMA path's"
         if tma:  # a TMA box is at most 256 elements a side; K rows 16-byte aligned
             assert block_k <= 256 and block_n <= 256 and k % 16 == 0
+
+
+def test_rule_for_untabled_one_token_shapes() -> None:
+    """From K = 4096 the narrow GEMV: two rows a program where 8-row tiles would not fill a
+    wave of programs or the rows are long, eight otherwise (scripts/bench_rule.py)."""
+    ts = pytest.importorskip("mtpconv.kernels.triton_skinny")
+    sms = 132
+    cases = {(3072, 5120): 2, (576, 7168): 2, (7168, 14336): 2, (4096, 4096): 2, (6144, 4096): 8}
+    cases |= {(5120, 12288): 8, (22016, 4096): 8}
+    for (n, k), rows in cases.items():
+        assert (1, n, k) not in TUNED
+        cfg = ts.default_config(1, n, k, sms)
+        assert cfg.narrow and not cfg.dot and cfg.block_n == rows, (n, k, cfg)
+    assert not ts.default_config(1, 24576, 1536, sms).narrow  # below K = 4096: the plain FMA path
+    # the table still wins over the rule
+    (t, n, k), entry = next((key, v) for key, v in TUNED.items() if key[0] == 1)
+    assert ts.default_config(t, n, k, sms).block_n == entry[1]
