@@ -181,12 +181,13 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
 
     One token: FMA on CUDA cores (weight-only numerics), the narrow-load GEMV from K = 4096
     (it won every swept shape with K >= 4096 at one token), two rows a program where the
-    rows are few (fewer 8-row tiles than a wave of programs: N < 4224 on the H200) or long
-    (K >= 14336), else eight. Two or more: FP8 MMA with the activations quantized per (token, 128-wide K tile)
-    in registers, which was within 4% of the best configuration on every 27B / 397B linear
-    (the FP16 MMA was as fast but overflows on activations beyond 65504; the BF16 MMA was
-    1.5x slower); on other families' shapes it is up to 83% slower than the best (64 x 256
-    tiles by TMA won there on some shapes and lost on others: docs/BENCHMARKS.md)."""
+    rows are few (fewer 8-row tiles than a wave of programs: N < 4224 on the H200) or
+    long (K >= 14336), else eight. Two or more: FP8 MMA with the activations quantized
+    per (token, 128-wide K tile) in registers, which was within 4% of the best
+    configuration on every 27B / 397B linear (the FP16 MMA was as fast but overflows on
+    activations beyond 65504; the BF16 MMA was 1.5x slower); on other families' shapes it
+    is up to 83% slower than the best (64 x 256 tiles by TMA won there on some shapes and
+    lost on others: docs/BENCHMARKS.md)."""
     bucket = token_bucket(m)
     tuned = TUNED.get((bucket, n, k)) if bucket is not None else None
     if tuned is not None:
