@@ -195,6 +195,25 @@ def test_skinny_split_k_in_cuda_graph_replays(narrow: bool) -> None:
         assert _rel(c, _ref(x * 2, w, s, None)) < (1e-2 if narrow else 6e-2)
 
 
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 3072, 5120), (1, 40, 14336), (3, 333, 4104), (4, 2048, 4096)])
+@pytest.mark.parametrize("layout", ["tensor", "row", "block"])
+def test_narrow_two_rows_matches_reference(m: int, n: int, k: int, layout: str) -> None:
+    """Two rows a program (the one-token rule's choice for few or long rows, and tuned
+    entries): weight-only tolerance, split-K on and off."""
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import triton_skinny as ts
+
+    x, w, s, b = _case(m, n, k, layout, bias=layout == "row")
+    ref = _ref(x, w, s, b)
+    for block_k, warps in ((1024, 4), (2048, 8)):
+        for programs in (1, 1 << 20):
+            cfg = ts.Config(False, 2, block_k, warps, 3, programs, narrow=True)
+            y = ts.skinny_linear(x, w, s, b, config=cfg)
+            assert _rel(y, ref) < 1e-2, (cfg, _rel(y, ref))
+            assert float((y.double() - ref).abs().max()) <= 1e-2 * float(ref.abs().max()), cfg
+
+
 def test_narrow_configuration_refuses_more_than_four_tokens() -> None:
     if not triton_available():
         pytest.skip("needs triton")
