@@ -584,6 +584,28 @@ def skinny_configs(t: int, sms: int) -> list[Any]:
     return cfgs
 
 
+def time_skinny(x: torch.Tensor, ws: list[Linear], cfgs: list[Any], label: str) -> list[tuple[float, Any]]:
+    """``(us, config)`` per skinny-GEMM configuration, in order: one linear on ``x``, timed
+    over the weight copies ``ws`` (rotated so nothing stays in L2). A configuration that
+    fails is reported and left out."""
+    from mtpconv.kernels import triton_skinny
+
+    res = []
+    for cfg in cfgs:
+
+        def f(cfg: Any = cfg) -> None:
+            for w in ws:
+                triton_skinny.skinny_linear(x, w.fp8, w.scale, config=cfg)
+
+        try:
+            us = time_graph(f, reps=1, replays=15) / len(ws)
+        except Exception as exc:  # report and go on
+            print(f"  sweep {label} {cfg} FAILED: {exc!r}"[:300], flush=True)
+            continue
+        res.append((us, cfg))
+    return res
+
+
 def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = None) -> list[dict[str, Any]]:
     """Time the skinny GEMM at every configuration of ``skinny_configs`` on every model's
     dense FP8 linears, and the grouped MoE kernel on the experts; best first per shape."""
@@ -604,20 +626,7 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
             ws = [Linear.make(n, k, dev, gen) for _ in range(copies)]
             for t in tokens_list:
                 x = torch.randn(t, k, device=dev, generator=gen).to(torch.bfloat16)
-                res = []
-                for cfg in skinny_configs(t, sms):
-
-                    def f(cfg: Any = cfg, x: torch.Tensor = x, ws: list[Linear] = ws) -> None:
-                        for w in ws:
-                            triton_skinny.skinny_linear(x, w.fp8, w.scale, config=cfg)
-
-                    try:
-                        us = time_graph(f, reps=1, replays=15) / copies
-                    except Exception as exc:  # report and go on
-                        print(f"  sweep {n}x{k} T={t} {cfg} FAILED: {exc!r}"[:300], flush=True)
-                        continue
-                    res.append((us, cfg))
-                res.sort(key=lambda r: r[0])
+                res = sorted(time_skinny(x, ws, skinny_configs(t, sms), f"{n}x{k} T={t}"), key=lambda r: r[0])
                 for rank, (us, cfg) in enumerate(res[:3]):
                     tbps = n * k / (us * 1e-6) / 1e12
                     out.append(

@@ -17,7 +17,6 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -80,22 +79,16 @@ def main() -> None:
         ws = [bd.Linear.make(n, k, dev, gen) for _ in range(copies)]
         for t in [int(v) for v in args.tokens.split(",")]:
             x = torch.randn(t, k, device=dev, generator=gen).to(torch.bfloat16)
-            rule = ts.default_config(t, n, k, sms)
-            res = []
-            for cfg in [rule, previous_rule(t, n, k, sms), *bd.skinny_configs(t, sms)]:
-
-                def f(cfg: Any = cfg, x: torch.Tensor = x, ws: list[bd.Linear] = ws) -> None:
-                    for w in ws:
-                        ts.skinny_linear(x, w.fp8, w.scale, config=cfg)
-
-                res.append((bd.time_graph(f, reps=1, replays=15) / copies, cfg))
+            rule, previous = ts.default_config(t, n, k, sms), previous_rule(t, n, k, sms)
+            res = bd.time_skinny(x, ws, [rule, previous, *bd.skinny_configs(t, sms)], f"{n}x{k} T={t}")
+            timed = {cfg: us for us, cfg in res}
             best = min(res, key=lambda r: r[0])
-            loss = res[0][0] / best[0] - 1
-            losses.append((loss, res[1][0] / best[0] - 1))
+            loss = timed[rule] / best[0] - 1
+            losses.append((loss, timed[previous] / best[0] - 1))
             tbps = n * k / best[0] / 1e6
             print(
-                f"{family} {name} {n}x{k} T={t}: rule {res[0][0]:.1f} us {tuple(rule)} | previous rule "
-                f"{res[1][0]:.1f} us | best {best[0]:.1f} us ({tbps:.2f} TB/s) {tuple(best[1])} "
+                f"{family} {name} {n}x{k} T={t}: rule {timed[rule]:.1f} us {tuple(rule)} | previous rule "
+                f"{timed[previous]:.1f} us | best {best[0]:.1f} us ({tbps:.2f} TB/s) {tuple(best[1])} "
                 f"| rule +{100 * loss:.0f}%",
                 flush=True,
             )

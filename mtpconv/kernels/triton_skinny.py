@@ -195,8 +195,9 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
         return Config(dot, block_n, block_k, warps, stages, waves * sms, mma, tma, narrow)
     if m == 1:
         if k >= 4096:
-            rows = 2 if n < 8 * 4 * sms or k >= 14336 else 8  # 4 * sms: one wave of programs
-            return Config(False, rows, 1024, 4, 3, 4 * sms, narrow=True)
+            programs = 4 * sms  # one wave
+            rows = 2 if n < 8 * programs or k >= 14336 else 8
+            return Config(False, rows, 1024, 4, 3, programs, narrow=True)
         if n * k <= 8 * 2**20:
             return Config(False, 8, 512, 4, 3, 4 * sms)
         if k <= 2048 or (n >= 12288 and n * k <= 80 * 2**20):
