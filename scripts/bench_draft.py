@@ -15,8 +15,9 @@ Usage (repo root, CUDA machine)::
     PYTHONPATH=. python scripts/bench_draft.py --out OUTDIR [--micro]
 
 Writes OUTDIR/bench_draft.json and OUTDIR/bench_draft.md; prints the tables.
-A variant is an FP8 path or ``bf16``, optionally with modifiers (``wo_skinny+late``,
-``bf16+shared``): see :func:`variant_parts`.
+A variant is an FP8 path, ``auto`` (each linear on the path ``fp8_linear`` picks for
+it) or ``bf16``, optionally with modifiers (``wo_skinny+late``, ``bf16+shared``): see
+:func:`variant_parts`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from mtpconv.formats.fp8 import quantize_fp8
-from mtpconv.kernels import Fp8Path, pdl, run_path, triton_available
+from mtpconv.kernels import Fp8Path, fp8_linear, pdl, run_path, triton_available
 
 DRAFT_VOCAB = 32_768
 L2_SAFE_BYTES = 400 * 2**20  # a graph reads at least this much before repeating a weight
@@ -228,10 +229,15 @@ def variant_env(variant: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
+AUTO = "auto"  # the variant whose linears take fp8_linear's own choice of path
+
+
 def linear_fn(variant: str, input_scale: torch.Tensor) -> LinearFn:
     variant = variant_parts(variant)[0]
     if variant == "bf16":
         return lambda x, w: F.linear(x, w.bf16)
+    if variant == AUTO:  # no static activation scale: what a variant's drafter gets
+        return lambda x, w: fp8_linear(x, w.fp8, w.scale)
     path = Fp8Path(variant)
     return lambda x, w: run_path(path, x, w.fp8, w.scale, input_scale=input_scale)
 
@@ -857,7 +863,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens = [int(t) for t in args.tokens.split(",")]
     variants = args.variants.split(",")
     for v in fp8_variants(variants):
-        if not is_bf16(v):
+        if not is_bf16(v) and variant_parts(v)[0] != AUTO:
             Fp8Path(variant_parts(v)[0])  # fail early on a typo
     meta = {
         "device": torch.cuda.get_device_name(dev),

@@ -8,7 +8,7 @@ those that read weights (the skinny GEMM and GEMV, the grouped MoE kernel, cuBLA
 GEMMs) and the rest (concatenation, residual adds, router softmax / top-k, SiLU and
 multiply, sums, casts), which cost the same in both precisions. The step's wall time
 (``bench_draft.time_graph``) is printed beside the sums: the difference is the time
-between kernels. Prints one line per step and the largest kernels of the rest.
+between kernels. Prints one line per step and the largest kernels of each group.
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ import bench_draft as bd  # noqa: E402
 
 WEIGHT_KERNELS = ("skinny", "gemv", "moe", "gemm", "cutlass", "xmma", "nvjet", "sm90", "cublas")
 REPLAYS = 20
+TOP = 8  # kernels listed per group
 
 
-def kernel_times(fn: Callable[[], object]) -> dict[str, float]:
-    """Microseconds per replay of each kernel of ``fn`` captured in a CUDA graph."""
+def kernel_times(fn: Callable[[], object]) -> tuple[dict[str, float], list[tuple[str, float]]]:
+    """Microseconds per replay of each kernel of ``fn`` captured in a CUDA graph, and the
+    first replay's kernels in launch order with their microseconds."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -43,16 +45,22 @@ def kernel_times(fn: Callable[[], object]) -> dict[str, float]:
         for _ in range(REPLAYS):
             graph.replay()
         torch.cuda.synchronize()
-    out: dict[str, float] = collections.defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            out[ev.name] += ev.device_time_total / REPLAYS
-    if not out:
+    kernels = sorted(
+        (ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda ev: ev.time_range.start,
+    )
+    if not kernels:
         raise RuntimeError("the profiler recorded no kernels of the graph replays")
-    return out
+    out: dict[str, float] = collections.defaultdict(float)
+    for ev in kernels:
+        out[ev.name] += ev.device_time_total / REPLAYS
+    first = kernels[: len(kernels) // REPLAYS]
+    return out, [(ev.name, ev.device_time_total) for ev in first]
 
 
-def report(s: bd.Shape, ws: bd.WeightSet, t: int, variant: str, input_scale: torch.Tensor) -> None:
+def report(
+    s: bd.Shape, ws: bd.WeightSet, t: int, variant: str, input_scale: torch.Tensor, show_sequence: bool
+) -> None:
     dev = input_scale.device
     gen = torch.Generator(device=dev).manual_seed(t)
     emb = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
@@ -63,19 +71,28 @@ def report(s: bd.Shape, ws: bd.WeightSet, t: int, variant: str, input_scale: tor
     def run() -> None:
         bd.step(s, ws, emb, hid, lin, moe, False)
 
+    _, ids = bd.step(s, ws, emb, hid, lin, moe, False)
+    distinct = int(ids.unique().numel()) if ids is not None else 0
+    nbytes = bd.step_bytes(s, ws, variant, False, distinct)
+
     wall = bd.time_graph(run, reps=1)
-    times = kernel_times(run)
+    times, sequence = kernel_times(run)
     weights = {k: v for k, v in times.items() if any(w in k.lower() for w in WEIGHT_KERNELS)}
     rest = {k: v for k, v in times.items() if k not in weights}
     w_us, r_us = sum(weights.values()), sum(rest.values())
+    launches = sum(1 for name, _ in sequence if name in weights)
     print(
         f"{s.name} T={t} {variant}: wall {wall:.1f} us; weight kernels {w_us:.1f} us "
-        f"({len(weights)} kinds); other kernels {r_us:.1f} us ({len(rest)} kinds); "
+        f"({len(weights)} kinds, {launches} launches, {nbytes / 1e6:.1f} MB); other kernels "
+        f"{r_us:.1f} us ({len(rest)} kinds, {len(sequence) - launches} launches); "
         f"between kernels {wall - w_us - r_us:.1f} us",
         flush=True,
     )
-    top = sorted(rest.items(), key=lambda kv: -kv[1])[:6]
-    print("    rest: " + "; ".join(f"{k[:60]} {v:.1f}" for k, v in top), flush=True)
+    for label, group in (("weights", weights), ("rest", rest)):
+        top = sorted(group.items(), key=lambda kv: -kv[1])[:TOP]
+        print(f"    {label}: " + "; ".join(f"{k[:60]} {v:.1f}" for k, v in top), flush=True)
+    if show_sequence:
+        print("    launches: " + "; ".join(f"{k[:40]} {v:.1f}" for k, v in sequence), flush=True)
 
 
 def main() -> None:
@@ -83,14 +100,16 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(bd.SHAPES))
     ap.add_argument("--tokens", default="1,4,16")
     ap.add_argument("--variants", default="bf16,wo_skinny")
+    ap.add_argument("--sequence", action="store_true", help="also print one replay's kernels in order")
     args = ap.parse_args()
     input_scale = torch.tensor(4.0 / 448.0, device=torch.device("cuda"))
+    print(f"copy bandwidth {bd.copy_bandwidth(input_scale.device):.2f} TB/s", flush=True)
     for key in args.models.split(","):
         s = bd.SHAPES[key]
         ws = bd.build_weights(s, input_scale.device, seed=1, head_full=None)
         for t in [int(v) for v in args.tokens.split(",")]:
             for variant in args.variants.split(","):
-                report(s, ws, t, variant, input_scale)
+                report(s, ws, t, variant, input_scale, args.sequence)
         del ws
         torch.cuda.empty_cache()
 

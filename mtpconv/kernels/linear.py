@@ -6,14 +6,16 @@ Paths (``Fp8Path``), all computing ``x @ (w_fp8 * w_scale).T + bias``:
     Weight-only split-K skinny GEMM (``triton_skinny``): reads BF16/FP16
     activations directly (no activation-quantization kernel), one launch,
     every weight-scale layout (per tensor, per channel, 128x128 blocks).
-    The default for up to ``SKINNY_MAX_TOKENS`` tokens on sm_89+ GPUs, and for
-    block scales at any token count.
+    The default for up to ``SKINNY_MAX_TOKENS`` tokens on sm_89+ GPUs (but for the
+    measured wide shapes of ``SCALED_MM_SHAPES`` at 2-16 tokens), and for block
+    scales at any token count.
 ``scaled_mm_fused``
     Dynamic per-tensor activation scale computed and applied in ONE Triton
-    kernel, then per-tensor ``torch._scaled_mm`` (a per-row weight scale is
-    applied after a float32 GEMM). Fastest measured dynamic path on the H200
-    for 1-64 tokens with a per-tensor weight scale, and for 2-16 tokens with
-    per-row scales (docs/BENCHMARKS.md).
+    kernel (reading the activation once at decode sizes), then per-tensor
+    ``torch._scaled_mm`` (a per-row weight scale is applied after a float32
+    GEMM). The default beyond ``SKINNY_MAX_TOKENS`` tokens, and at 2-16 tokens
+    on the shapes of ``SCALED_MM_SHAPES`` with a per-tensor weight scale
+    (docs/BENCHMARKS.md).
 ``wo_triton``
     Weight-only: FP8 weights converted in registers, activations stay
     BF16/FP16, one Triton kernel. Fastest at one token with per-row scales;
@@ -44,6 +46,7 @@ from types import ModuleType
 import torch
 
 from mtpconv.kernels import reference
+from mtpconv.kernels.skinny_tuned import token_bucket
 
 # Selection thresholds measured on the H200 (docs/BENCHMARKS.md, per-linear
 # tables at Qwen3.5-27B shapes). With per-row weight scales: the weight-only
@@ -52,6 +55,19 @@ from mtpconv.kernels import reference
 WO_MAX_TOKENS = 1
 FUSED_PER_ROW_MAX_TOKENS = 16
 SKINNY_MAX_TOKENS = 16
+# (tokens bucket, N, K) of the benchmarked drafters where, with a per-tensor weight
+# scale, ``scaled_mm_fused`` beat the tuned skinny GEMM at both token counts of the
+# bucket (2 and 4 for bucket 4, 8 and 16 for bucket 16), side by side on the H200
+# (``scripts/bench_paths.py``; docs/BENCHMARKS.md, issue 12, sixth session):
+# the wide linears (qkv, the 27B MLP's gate_up), us fused / skinny at 4 and 16 tokens.
+SCALED_MM_SHAPES = frozenset(
+    {
+        (4, 14336, 5120), (16, 14336, 5120),  # Qwen3.5-27B qkv: 24.3 / 27.4, 25.6 / 29.9
+        (4, 34816, 5120), (16, 34816, 5120),  # Qwen3.5-27B gate_up: 50.9 / 56.3, 51.5 / 59.7
+        (4, 17408, 4096), (16, 17408, 4096),  # Qwen3.5-397B qkv: 24.2 / 27.5, 25.5 / 29.5
+        (4, 9216, 2048), (16, 9216, 2048),  # Qwen3-Next-80B qkv: 9.5 / 13.3, 10.4 / 13.5
+    }
+)  # fmt: skip
 _ENV_FORCE = "MTPCONV_FP8_PATH"
 
 
@@ -120,8 +136,10 @@ def select_path(
     static_scale: bool = False,
     per_row_scale: bool = False,
     block_scale: bool = False,
+    shape: tuple[int, int] | None = None,
 ) -> Fp8Path:
-    """The fastest measured path for ``tokens`` rows on ``device``.
+    """The fastest measured path for ``tokens`` rows on ``device`` (``shape``: the
+    weight's ``(N, K)``, which picks the path at 2-16 tokens for the measured shapes).
 
     ``MTPCONV_FP8_PATH`` forces a path (for debugging and benchmarks); a forced
     path that cannot run here raises ``ValueError``.
@@ -142,6 +160,9 @@ def select_path(
     if not triton:
         return Fp8Path.SCALED_MM_TOKEN_TORCH if per_row_scale else Fp8Path.SCALED_MM_TENSOR
     if tokens <= SKINNY_MAX_TOKENS and not static_scale:
+        bucket = token_bucket(tokens)
+        if shape is not None and not per_row_scale and (bucket, *shape) in SCALED_MM_SHAPES:
+            return Fp8Path.SCALED_MM_FUSED
         return Fp8Path.WO_SKINNY
     if per_row_scale:
         if tokens <= WO_MAX_TOKENS:
@@ -280,5 +301,6 @@ def fp8_linear(
             static_scale=input_scale is not None and not block,
             per_row_scale=w_scale.numel() > 1 and not block,
             block_scale=block,
+            shape=(n, k),
         )
     return run_path(path, x, w_fp8, w_scale, bias, input_scale=input_scale)

@@ -3,8 +3,9 @@
 * ``quant_per_token``: dynamic per-token FP8 quantization in one kernel (one
   program per row), optionally folding the weight scale into the row scale so
   ``torch._scaled_mm`` can run with a unit weight scale.
-* ``quant_per_tensor``: dynamic per-tensor quantization in one launch (one
-  program at decode sizes, a grid barrier above).
+* ``quant_per_tensor``: dynamic per-tensor quantization in one launch (reading
+  the activation once, its chunks in registers across a grid barrier, up to 4096
+  elements x the SM count; two passes above).
 * ``quant_static``: quantization with a given scale.
 
 The weight-only paths (``triton_skinny``, ``triton_fp8.wo_linear``) need none
@@ -112,6 +113,45 @@ def _quant_tensor_kernel(
             tl.atomic_xchg(sync_ptr + 1, 0)
 
 
+@triton.jit
+def _quant_tensor_once_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    slots_ptr,
+    cnt_ptr,
+    numel,
+    NPROG: tl.constexpr,
+    SLOTS: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    # Dynamic per-tensor quantization reading the activation once (decode sizes): each
+    # program holds its chunk in registers while the programs agree on the amax at a
+    # grid barrier (NPROG is at most the SM count, so all are resident). Each program
+    # writes its chunk's amax to its own slot and counts itself in on a 64-bit counter
+    # that only grows (every launch with this NPROG adds NPROG), so a program knows from
+    # its own arrival when its launch is complete and nothing is reset after it.
+    pid = tl.program_id(0)
+    offs = pid * CHUNK + tl.arange(0, CHUNK)
+    mask = offs < numel
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=0)
+    if NPROG > 1:
+        tl.atomic_xchg(slots_ptr + pid, amax, sem="relaxed")
+        arrived = tl.atomic_add(cnt_ptr, 1, sem="release")
+        target = (arrived // NPROG + 1) * NPROG
+        now = arrived + 1
+        while now < target:  # an acquiring read (adding 0 compiles to a load)
+            now = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+        offs_s = tl.arange(0, SLOTS)
+        amax = tl.max(tl.load(slots_ptr + offs_s, mask=offs_s < NPROG, other=0.0, volatile=True), axis=0)
+    scale = tl.maximum(amax, _TINY) / FP8_MAX
+    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    if pid == 0:
+        tl.store(s_ptr, scale)
+
+
 def quant_per_token(
     x: torch.Tensor, w_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,12 +184,22 @@ def quant_per_token(
 
 # Activations up to this many elements are quantized by a single program.
 SINGLE_PROGRAM_MAX = 96 * 1024
+# One-pass kernel: elements per program (held in registers); it takes activations of
+# up to ONCE_CHUNK x the SM count elements (one program per SM at most, all resident).
+ONCE_CHUNK = 4096
+ONCE_ALONE = 16384
 _SYNC: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_ONCE: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _stream_key(device: torch.device) -> tuple[int, int]:
+    # Barrier state is kept per (device, stream): launches on one stream are ordered.
+    return device.index or 0, torch.cuda.current_stream(device).cuda_stream
 
 
 def _sync_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    # One barrier state per (device, stream): launches on one stream are ordered.
-    key = (device.index or 0, torch.cuda.current_stream(device).cuda_stream)
+    """The two-pass kernel's amax and its arrival / departure counters."""
+    key = _stream_key(device)
     state = _SYNC.get(key)
     if state is None:
         state = (
@@ -160,23 +210,56 @@ def _sync_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return state
 
 
+def _once_state(device: torch.device, nprog: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one-pass kernel's amax slots and its counter, one pair per program count."""
+    key = (*_stream_key(device), nprog)
+    state = _ONCE.get(key)
+    if state is None:
+        state = (
+            torch.zeros(nprog, dtype=torch.float32, device=device),
+            torch.zeros(1, dtype=torch.int64, device=device),
+        )
+        _ONCE[key] = state
+    return state
+
+
 @functools.lru_cache(maxsize=8)
 def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
-def quant_per_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic per-tensor FP8 quantization in one kernel: ``(q [M, K], scale 0-d)``."""
+def quant_per_tensor(x: torch.Tensor, one_pass: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-tensor FP8 quantization in one kernel: ``(q [M, K], scale 0-d)``.
+
+    ``one_pass`` (default: wherever it fits, up to ``ONCE_CHUNK`` x the SM count
+    elements): the kernel that reads the activation once, its chunks in registers
+    across a grid barrier; else one program with two passes at decode sizes, the
+    two-pass grid barrier above ``SINGLE_PROGRAM_MAX``."""
     xc = x.reshape(-1, x.shape[-1])
     if not xc.is_contiguous():
         xc = xc.contiguous()
     numel = xc.numel()
     q = torch.empty(xc.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((), dtype=torch.float32, device=x.device)
+    fits = numel <= ONCE_CHUNK * _sm_count(x.device.index or 0)
+    if one_pass is None:
+        one_pass = fits
+    elif one_pass and not fits:
+        raise ValueError(f"quant_per_tensor: {numel} elements, one pass takes {ONCE_CHUNK} x SMs")
+    if one_pass:
+        # Up to ONCE_ALONE elements one program holds them all (no barrier).
+        chunk = triton.next_power_of_2(numel) if numel <= ONCE_ALONE else ONCE_CHUNK
+        nprog = triton.cdiv(numel, chunk)
+        slots, count = _once_state(x.device, nprog)
+        _quant_tensor_once_kernel[(nprog,)](
+            xc, q, s, slots, count, numel, NPROG=nprog, SLOTS=triton.next_power_of_2(nprog),
+            CHUNK=chunk, num_warps=max(4, min(16, chunk // 1024)),
+        )  # fmt: skip
+        return q, s
     amax, sync = _sync_state(x.device)
     if numel <= SINGLE_PROGRAM_MAX:
-        # One program, no atomics: cheapest at decode sizes (two passes over
-        # at most 192 KB that the previous kernel just wrote to L2).
+        # One program, no atomics (two passes over at most 192 KB that the previous
+        # kernel just wrote to L2).
         block = 4096
         chunk = triton.cdiv(numel, block) * block
         nprog, warps = 1, 16

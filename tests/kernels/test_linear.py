@@ -106,6 +106,31 @@ def test_selection_rules_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
         assert got in available_paths(gpu)
 
 
+def test_measured_wide_shapes_take_cublas_at_two_to_sixteen_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mtpconv.kernels import linear
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.delenv("MTPCONV_FP8_PATH", raising=False)
+    monkeypatch.setattr(linear, "_capability", lambda index: (9, 0))
+    monkeypatch.setattr(linear, "triton_available", lambda: True)
+    qkv, down = (14336, 5120), (5120, 17408)  # Qwen3.5-27B: listed, not listed
+    for tokens, shape, per_row, want in [
+        (1, qkv, False, Fp8Path.WO_SKINNY),  # one token: the GEMV everywhere
+        (2, qkv, False, Fp8Path.SCALED_MM_FUSED),
+        (4, qkv, False, Fp8Path.SCALED_MM_FUSED),
+        (16, qkv, False, Fp8Path.SCALED_MM_FUSED),
+        (4, qkv, True, Fp8Path.WO_SKINNY),  # per-row weight scales: not measured faster
+        (4, down, False, Fp8Path.WO_SKINNY),
+        (16, down, False, Fp8Path.WO_SKINNY),
+        (17, down, False, Fp8Path.SCALED_MM_FUSED),
+    ]:
+        got = select_path(gpu, tokens, per_row_scale=per_row, shape=shape)
+        assert got is want, (tokens, shape, per_row, got)
+    assert select_path(gpu, 4, shape=qkv, block_scale=True) is Fp8Path.WO_SKINNY
+    for bucket, n, k in linear.SCALED_MM_SHAPES:  # every entry is reachable from its bucket
+        assert select_path(gpu, bucket, shape=(n, k)) is Fp8Path.SCALED_MM_FUSED
+
+
 def test_block_scales_select_skinny_or_dequant(monkeypatch: pytest.MonkeyPatch) -> None:
     from mtpconv.kernels import linear
 

@@ -356,17 +356,50 @@ def test_triton_per_token_quant_matches_torch() -> None:
 def test_fused_per_tensor_quant_matches_torch_and_resets() -> None:
     if not triton_available():
         pytest.skip("needs triton")
-    from mtpconv.kernels import triton_fp8
+    from mtpconv.kernels import triton_quant
 
-    # Several sizes (one program .. every SM) and repeated launches: the grid
-    # barrier must reset itself between launches.
-    sizes = [(1, 64), (1, 10240), (16, 5120), (64, 17408), (3, 1000), (32, 10240), (1, 64)]
-    for m, k in sizes:
-        x = (torch.randn(m, k, device=DEV) * (m + 1)).to(torch.bfloat16)
-        q, s = triton_fp8.quant_per_tensor(x)
-        q_ref, s_ref = reference.quant_per_tensor(x)
-        torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
-        assert (q.float() != q_ref.float()).float().mean().item() < 1e-3, (m, k)
+    # Several sizes (one program .. every SM), both kernels interleaved, repeated
+    # launches: each grid barrier must leave its state ready for the next launch.
+    sizes = [(1, 64), (1, 10240), (16, 5120), (64, 17408), (3, 1000), (32, 10240), (16, 17408), (1, 64)]
+    for _ in range(3):
+        for m, k in sizes:
+            x = (torch.randn(m, k, device=DEV) * (m + 1)).to(torch.bfloat16)
+            q_ref, s_ref = reference.quant_per_tensor(x)
+            fits = (
+                m * k <= triton_quant.ONCE_CHUNK * torch.cuda.get_device_properties(DEV).multi_processor_count
+            )
+            for one_pass in (False, True) if fits else (False,):
+                q, s = triton_quant.quant_per_tensor(x, one_pass=one_pass)
+                torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
+                assert (q.float() != q_ref.float()).float().mean().item() < 1e-3, (m, k, one_pass)
+    with pytest.raises(ValueError, match="one pass"):
+        triton_quant.quant_per_tensor(torch.ones(64, 17408, device=DEV, dtype=torch.bfloat16), one_pass=True)
+
+
+def test_one_pass_per_tensor_quant_under_graph_replay() -> None:
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import triton_quant
+
+    # The one-pass kernel's barrier state lives on the device: replays of a captured
+    # graph (two launches of different sizes in it) must each find it reset.
+    xa = torch.randn(4, 10240, device=DEV).to(torch.bfloat16)
+    xb = torch.randn(16, 5120, device=DEV).to(torch.bfloat16)
+    triton_quant.quant_per_tensor(xa, one_pass=True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        qa, sa = triton_quant.quant_per_tensor(xa, one_pass=True)
+        qb, sb = triton_quant.quant_per_tensor(xb, one_pass=True)
+    for scale in (1.0, 1e-3, 300.0, 2.0):
+        xa.copy_(torch.randn_like(xa) * scale)
+        xb.copy_(torch.randn_like(xb) * scale * 7)
+        graph.replay()
+        torch.cuda.synchronize()
+        for x, q, s in ((xa, qa, sa), (xb, qb, sb)):
+            q_ref, s_ref = reference.quant_per_tensor(x)
+            torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
+            assert (q.float() != q_ref.float()).float().mean().item() < 1e-3, scale
 
 
 def test_default_paths_on_fp8_gpus() -> None:
@@ -379,6 +412,19 @@ def test_default_paths_on_fp8_gpus() -> None:
         assert select_path(DEV, SKINNY_MAX_TOKENS, per_row_scale=per_row) is Fp8Path.WO_SKINNY
     assert select_path(DEV, SKINNY_MAX_TOKENS + 1) is Fp8Path.SCALED_MM_FUSED
     assert select_path(DEV, 64, block_scale=True) is Fp8Path.WO_SKINNY
+
+
+def test_measured_wide_shape_runs_cublas_within_w8a8_tolerance() -> None:
+    if torch.cuda.get_device_capability() < (8, 9) or not triton_available():
+        pytest.skip("needs sm_89+ and triton")
+    # Qwen3-Next-80B qkv is listed for 2-16 tokens: fp8_linear takes scaled_mm_fused
+    # there (bit-identical to calling that path) and stays within W8A8 error.
+    for m in (2, 4, 9, 16):
+        x, w, s, b = _case(m, 9216, 2048, per_row=False, bias=m == 9)
+        got = fp8_linear(x, w, s, b)
+        assert torch.equal(got, run_path(Fp8Path.SCALED_MM_FUSED, x, w, s, b)), m
+        ref = reference.dequant_linear(x.double(), w, s.double(), None if b is None else b.double())
+        assert _rel(got, ref) < 6e-2, m
 
 
 def test_fp8_linear_is_cuda_graph_capturable() -> None:
