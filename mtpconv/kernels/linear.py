@@ -161,7 +161,7 @@ def select_path(
         return Fp8Path.SCALED_MM_TOKEN_TORCH if per_row_scale else Fp8Path.SCALED_MM_TENSOR
     if tokens <= SKINNY_MAX_TOKENS and not static_scale:
         bucket = token_bucket(tokens)
-        if shape is not None and not per_row_scale and (bucket, *shape) in SCALED_MM_SHAPES:
+        if tokens >= 2 and shape is not None and not per_row_scale and (bucket, *shape) in SCALED_MM_SHAPES:
             return Fp8Path.SCALED_MM_FUSED
         return Fp8Path.WO_SKINNY
     if per_row_scale:

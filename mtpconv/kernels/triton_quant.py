@@ -241,7 +241,7 @@ def quant_per_tensor(x: torch.Tensor, one_pass: bool | None = None) -> tuple[tor
     numel = xc.numel()
     q = torch.empty(xc.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((), dtype=torch.float32, device=x.device)
-    fits = numel <= ONCE_CHUNK * _sm_count(x.device.index or 0)
+    fits = 0 < numel <= ONCE_CHUNK * _sm_count(x.device.index or 0)
     if one_pass is None:
         one_pass = fits
     elif one_pass and not fits:

@@ -115,6 +115,7 @@ def test_measured_wide_shapes_take_cublas_at_two_to_sixteen_tokens(monkeypatch: 
     monkeypatch.setattr(linear, "triton_available", lambda: True)
     qkv, down = (14336, 5120), (5120, 17408)  # Qwen3.5-27B: listed, not listed
     for tokens, shape, per_row, want in [
+        (0, qkv, False, Fp8Path.WO_SKINNY),  # no rows: the skinny GEMM, as for any shape
         (1, qkv, False, Fp8Path.WO_SKINNY),  # one token: the GEMV everywhere
         (2, qkv, False, Fp8Path.SCALED_MM_FUSED),
         (4, qkv, False, Fp8Path.SCALED_MM_FUSED),
