@@ -236,7 +236,7 @@ def linear_fn(variant: str, input_scale: torch.Tensor) -> LinearFn:
     variant = variant_parts(variant)[0]
     if variant == "bf16":
         return lambda x, w: F.linear(x, w.bf16)
-    if variant == AUTO:  # no static activation scale: what a variant's drafter gets
+    if variant == AUTO:  # no static activation scale; one weight scale per linear here
         return lambda x, w: fp8_linear(x, w.fp8, w.scale)
     path = Fp8Path(variant)
     return lambda x, w: run_path(path, x, w.fp8, w.scale, input_scale=input_scale)
