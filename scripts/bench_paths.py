@@ -7,8 +7,9 @@ times side by side in one run, as ``bench_draft.py --micro-only`` times one line
 CUDA graph over weight copies rotated past L2): the tuned skinny GEMM (``wo_skinny``),
 ``scaled_mm_fused`` with the one-pass per-tensor quantization and with the two-pass
 one it replaced (``fused_two_pass``), and ``scaled_mm_static`` (a calibrated scale: the
-bound for any dynamic scale); then each activation-quantization kernel alone. The
-source of ``mtpconv.kernels.linear.SCALED_MM_SHAPES``.
+bound for any dynamic scale); then each activation-quantization kernel alone.
+``--per-row``: distinct per-row weight scales, as vLLM's fused q/k/v and gate/up carry
+(no static path then). The source of ``mtpconv.kernels.linear.SCALED_MM_SHAPES``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ def time_quant(fn: QuantFn, x: torch.Tensor, reps: int = 20) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="2,4,8,16")
+    ap.add_argument(
+        "--per-row", action="store_true", help="distinct per-row weight scales, as fused shards carry"
+    )
     args = ap.parse_args(argv)
+    paths = [p for p in PATHS if not (args.per_row and p == "scaled_mm_static")]
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     s_in = torch.tensor(4.0 / 448.0, device=dev)
@@ -70,9 +75,12 @@ def main(argv: list[str] | None = None) -> int:
             seen.add((n, k))
             copies = max(2, math.ceil(bd.L2_SAFE_BYTES / (n * k)))
             ws = [bd.Linear.make(n, k, dev, gen) for _ in range(copies)]
+            if args.per_row:
+                for w in ws:
+                    w.scale = w.scale * (1 + torch.rand(n, device=dev, generator=gen))
             for t in [int(v) for v in args.tokens.split(",")]:
                 x = torch.randn(t, k, device=dev, generator=gen).to(torch.bfloat16)
-                us = {p: time_linear(Fp8Path(p), x, ws, s_in, one_pass) for p in PATHS}
+                us = {p: time_linear(Fp8Path(p), x, ws, s_in, one_pass) for p in paths}
                 us["fused_two_pass"] = time_linear(Fp8Path.SCALED_MM_FUSED, x, ws, s_in, two_pass)
                 q = {
                     "one_pass": time_quant(one_pass, x),

@@ -13,9 +13,9 @@ Paths (``Fp8Path``), all computing ``x @ (w_fp8 * w_scale).T + bias``:
     Dynamic per-tensor activation scale computed and applied in ONE Triton
     kernel (reading the activation once at decode sizes), then per-tensor
     ``torch._scaled_mm`` (a per-row weight scale is applied after a float32
-    GEMM). The default beyond ``SKINNY_MAX_TOKENS`` tokens, and at 2-16 tokens
-    on the shapes of ``SCALED_MM_SHAPES`` with a per-tensor weight scale
-    (docs/BENCHMARKS.md).
+    GEMM, in one kernel). The default beyond ``SKINNY_MAX_TOKENS`` tokens with
+    a per-tensor weight scale, and at 2-16 tokens on the shapes of
+    ``SCALED_MM_SHAPES`` (docs/BENCHMARKS.md).
 ``wo_triton``
     Weight-only: FP8 weights converted in registers, activations stay
     BF16/FP16, one Triton kernel. Fastest at one token with per-row scales;
@@ -55,11 +55,12 @@ from mtpconv.kernels.skinny_tuned import token_bucket
 WO_MAX_TOKENS = 1
 FUSED_PER_ROW_MAX_TOKENS = 16
 SKINNY_MAX_TOKENS = 16
-# (tokens bucket, N, K) of the benchmarked drafters where, with a per-tensor weight
-# scale, ``scaled_mm_fused`` beat the tuned skinny GEMM at both token counts of the
-# bucket (2 and 4 for bucket 4, 8 and 16 for bucket 16), side by side on the H200
-# (``scripts/bench_paths.py``; docs/BENCHMARKS.md, issue 12, sixth session):
-# the wide linears (qkv, the 27B MLP's gate_up), us fused / skinny at 4 and 16 tokens.
+# (tokens bucket, N, K) of the benchmarked drafters where ``scaled_mm_fused`` beat the
+# tuned skinny GEMM at both token counts of the bucket (2 and 4 for bucket 4, 8 and 16
+# for bucket 16), with a per-tensor weight scale and with per-row scales (vLLM's fused
+# q/k/v and gate/up), side by side on the H200 (``scripts/bench_paths.py [--per-row]``;
+# docs/BENCHMARKS.md, issue 12, sixth session): the wide linears (qkv, the 27B MLP's
+# gate_up). us fused / skinny at 4 and 16 tokens, per-tensor scale:
 SCALED_MM_SHAPES = frozenset(
     {
         (4, 14336, 5120), (16, 14336, 5120),  # Qwen3.5-27B qkv: 24.3 / 27.4, 25.6 / 29.9
@@ -161,7 +162,7 @@ def select_path(
         return Fp8Path.SCALED_MM_TOKEN_TORCH if per_row_scale else Fp8Path.SCALED_MM_TENSOR
     if tokens <= SKINNY_MAX_TOKENS and not static_scale:
         bucket = token_bucket(tokens)
-        if tokens >= 2 and shape is not None and not per_row_scale and (bucket, *shape) in SCALED_MM_SHAPES:
+        if tokens >= 2 and shape is not None and (bucket, *shape) in SCALED_MM_SHAPES:
             return Fp8Path.SCALED_MM_FUSED
         return Fp8Path.WO_SKINNY
     if per_row_scale:
@@ -219,10 +220,7 @@ def run_path(
             # Row-wise torch._scaled_mm is slow at decode sizes (BENCHMARKS.md): run
             # the per-tensor GEMM to float32 and apply the row scales after it.
             y32 = reference.scaled_mm(q, w_fp8, sa, _ones_scalar(x.device), None, torch.float32)
-            y32 = y32 * w_scale.to(torch.float32).reshape(1, n)
-            if bias is not None:
-                y32 = y32 + bias.to(torch.float32)
-            y = y32.to(x.dtype)
+            y = _triton().row_scale_cast(y32, w_scale, bias, x.dtype)
         else:
             y = reference.scaled_mm(q, w_fp8, sa, w_scale.to(torch.float32), bias, x.dtype)
     elif path is Fp8Path.SCALED_MM_TOKEN:

@@ -9,7 +9,8 @@ dtype in registers; activations stay BF16/FP16; the per-tensor (0-d) or
 per-row (``[N]``) weight scale is applied to the float32 accumulator. One
 program per output block, no split-K (a GEMV at one token, swap-AB ``tl.dot``
 above). Superseded at 1-16 tokens by ``triton_skinny.skinny_linear``; kept as
-the measured baseline. The activation-quantization kernels live in
+the measured baseline. ``row_scale_cast``: the per-row weight scale (and bias) of a
+W8A8 GEMM's float32 output, applied and cast in one kernel. The activation-quantization kernels live in
 ``triton_quant``, the expert kernels in ``triton_moe`` (re-exported here).
 """
 
@@ -211,8 +212,34 @@ def wo_linear(
     return out.reshape(*x.shape[:-1], n)
 
 
+@triton.jit
+def _row_scale_kernel(y_ptr, s_ptr, b_ptr, o_ptr, N, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(1)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    y = tl.load(y_ptr + row * N + offs, mask=mask, other=0.0) * tl.load(s_ptr + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(o_ptr + row * N + offs, y.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+def row_scale_cast(
+    y32: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """``(y32 * row_scale + bias).to(dtype)`` in one kernel: the per-row weight scale of
+    a W8A8 GEMM run with a unit weight scale (``y32`` ``[M, N]`` float32, contiguous)."""
+    m, n = y32.shape
+    out = torch.empty((m, n), dtype=dtype, device=y32.device)
+    s = row_scale.to(torch.float32).contiguous()
+    block = 1024
+    _row_scale_kernel[(triton.cdiv(n, block), m)](
+        y32, s, bias if bias is not None else s, out, n, HAS_BIAS=bias is not None, BLOCK=block
+    )
+    return out
+
+
 # Re-exported for callers of the one-module layout this package had.
 from mtpconv.kernels.triton_moe import wo_moe  # noqa: E402
 from mtpconv.kernels.triton_quant import quant_per_tensor, quant_per_token, quant_static  # noqa: E402
 
-__all__ = ["quant_per_tensor", "quant_per_token", "quant_static", "wo_linear", "wo_moe"]
+__all__ = ["quant_per_tensor", "quant_per_token", "quant_static", "row_scale_cast", "wo_linear", "wo_moe"]

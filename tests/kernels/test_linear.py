@@ -120,9 +120,10 @@ def test_measured_wide_shapes_take_cublas_at_two_to_sixteen_tokens(monkeypatch: 
         (2, qkv, False, Fp8Path.SCALED_MM_FUSED),
         (4, qkv, False, Fp8Path.SCALED_MM_FUSED),
         (16, qkv, False, Fp8Path.SCALED_MM_FUSED),
-        (4, qkv, True, Fp8Path.WO_SKINNY),  # per-row weight scales: not measured faster
+        (4, qkv, True, Fp8Path.SCALED_MM_FUSED),  # per-row scales (fused shards) too
         (4, down, False, Fp8Path.WO_SKINNY),
         (16, down, False, Fp8Path.WO_SKINNY),
+        (16, down, True, Fp8Path.WO_SKINNY),
         (17, down, False, Fp8Path.SCALED_MM_FUSED),
     ]:
         got = select_path(gpu, tokens, per_row_scale=per_row, shape=shape)

@@ -414,13 +414,31 @@ def test_default_paths_on_fp8_gpus() -> None:
     assert select_path(DEV, 64, block_scale=True) is Fp8Path.WO_SKINNY
 
 
+def test_row_scale_cast_matches_torch() -> None:
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import triton_fp8
+
+    g = torch.Generator(device=DEV).manual_seed(3)
+    for m, n, bias in ((1, 5, False), (4, 14336, True), (16, 1030, True)):
+        y32 = torch.randn(m, n, device=DEV, generator=g) * 100
+        rows = torch.rand(n, device=DEV, generator=g) * 1e-3
+        b = torch.randn(n, device=DEV, generator=g).to(torch.bfloat16) if bias else None
+        want = y32 * rows + (b.float() if b is not None else 0)
+        got = triton_fp8.row_scale_cast(y32, rows, b, torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+        # float32 math, then one rounding to bfloat16 (Triton may fuse the multiply-add)
+        torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=1e-6)
+
+
 def test_measured_wide_shape_runs_cublas_within_w8a8_tolerance() -> None:
     if torch.cuda.get_device_capability() < (8, 9) or not triton_available():
         pytest.skip("needs sm_89+ and triton")
     # Qwen3-Next-80B qkv is listed for 2-16 tokens: fp8_linear takes scaled_mm_fused
-    # there (bit-identical to calling that path) and stays within W8A8 error.
-    for m in (2, 4, 9, 16):
-        x, w, s, b = _case(m, 9216, 2048, per_row=False, bias=m == 9)
+    # there (bit-identical to calling that path) and stays within W8A8 error, with one
+    # weight scale and with a scale per row.
+    for m, per_row in ((2, False), (4, True), (9, False), (16, True)):
+        x, w, s, b = _case(m, 9216, 2048, per_row=per_row, bias=m == 9)
         got = fp8_linear(x, w, s, b)
         assert torch.equal(got, run_path(Fp8Path.SCALED_MM_FUSED, x, w, s, b)), m
         ref = reference.dequant_linear(x.double(), w, s.double(), None if b is None else b.double())
