@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -590,26 +591,33 @@ def skinny_configs(t: int, sms: int) -> list[Any]:
     return cfgs
 
 
-def time_skinny(x: torch.Tensor, ws: list[Linear], cfgs: list[Any], label: str) -> list[tuple[float, Any]]:
-    """``(us, config)`` per skinny-GEMM configuration, in order: one linear on ``x``, timed
-    over the weight copies ``ws`` (rotated so nothing stays in L2). A configuration that
-    fails is reported and left out."""
-    from mtpconv.kernels import triton_skinny
-
+def time_configs(
+    cfgs: list[Any], run: Callable[[Any], None], calls: int, label: str
+) -> list[tuple[float, Any]]:
+    """``(us, config)`` per configuration, in order: ``run(cfg)`` makes ``calls`` launches
+    (over weight copies or id sets rotated so nothing stays in L2), timed in a CUDA graph.
+    A configuration that fails is reported and left out."""
     res = []
     for cfg in cfgs:
-
-        def f(cfg: Any = cfg) -> None:
-            for w in ws:
-                triton_skinny.skinny_linear(x, w.fp8, w.scale, config=cfg)
-
         try:
-            us = time_graph(f, reps=1, replays=15) / len(ws)
+            us = time_graph(functools.partial(run, cfg), reps=1, replays=15) / calls
         except Exception as exc:  # report and go on
             print(f"  sweep {label} {cfg} FAILED: {exc!r}"[:300], flush=True)
             continue
         res.append((us, cfg))
     return res
+
+
+def time_skinny(x: torch.Tensor, ws: list[Linear], cfgs: list[Any], label: str) -> list[tuple[float, Any]]:
+    """:func:`time_configs` of skinny-GEMM configurations: one linear on ``x`` over the
+    weight copies ``ws``."""
+    from mtpconv.kernels import triton_skinny
+
+    def run(cfg: Any) -> None:
+        for w in ws:
+            triton_skinny.skinny_linear(x, w.fp8, w.scale, config=cfg)
+
+    return time_configs(cfgs, run, len(ws), label)
 
 
 def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = None) -> list[dict[str, Any]]:
@@ -674,7 +682,6 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
                 cases += [("experts_gate_up bf16", ex_gu, h, False, False)]
                 cases += [("experts_down bf16", ex_dn, y, True, False)]
             for proj, ex, x, act, fp8 in cases:
-                res = []
                 modes = (triton_moe.DOT, triton_moe.DOT_FP8) if fp8 else (triton_moe.DOT,)
                 cfgs: list[tuple[int, int, int, int, int]] = [
                     (bn, bk, 4, st, mode)
@@ -692,26 +699,20 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
                     ]
                     cfgs += [(bn, 1024, 4, 3, triton_moe.FMA_NARROW) for bn in (2, 4, 8, 16)]
                     cfgs += [(bn, 2048, 8, 3, triton_moe.FMA_NARROW) for bn in (2, 4, 8)]
-                for cfg in cfgs:
 
-                    def g(
-                        cfg: Any = cfg,
-                        ex: Experts = ex,
-                        x: torch.Tensor = x,
-                        act: bool = act,
-                        fp8: bool = fp8,
-                        id_sets: list[torch.Tensor] = id_sets,
-                    ) -> None:
-                        w, sc = (ex.fp8, ex.scale) if fp8 else (ex.bf16, None)
-                        for ids in id_sets:
-                            triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=act, act=act, config=cfg)
+                def g(
+                    cfg: Any,
+                    ex: Experts = ex,
+                    x: torch.Tensor = x,
+                    act: bool = act,
+                    fp8: bool = fp8,
+                    id_sets: list[torch.Tensor] = id_sets,
+                ) -> None:
+                    w, sc = (ex.fp8, ex.scale) if fp8 else (ex.bf16, None)
+                    for ids in id_sets:
+                        triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=act, act=act, config=cfg)
 
-                    try:
-                        us = time_graph(g, reps=1, replays=15) / len(id_sets)
-                    except Exception as exc:  # report and go on
-                        print(f"  sweep moe {proj} T={t} {cfg} FAILED: {exc!r}"[:300], flush=True)
-                        continue
-                    res.append((us, cfg))
+                res = time_configs(cfgs, g, len(id_sets), f"moe {proj} T={t}")
                 res.sort(key=lambda r: r[0])
                 nbytes = distinct * ex.fp8[0].numel() * (1 if fp8 else 2)
                 for rank, (us, cfg) in enumerate(res[:3]):
