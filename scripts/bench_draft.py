@@ -247,9 +247,10 @@ MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Experts, Experts], t
 
 
 def moe_fn(variant: str, kind: str) -> MoeFn:
-    """Routed experts ``(h, ids, weights, gate_up, down) -> [T, H]``, the same kernels for
-    both precisions. ``grouped``: each hit expert read once for all its tokens, SiLU * up
-    fused into the down projection's load and the routing weight into its epilogue
+    """Routed experts ``(h, ids, weights, gate_up, down) -> [T*k, H]``, one row per (token,
+    expert) pair with its routing weight applied (the step sums them), the same kernels
+    for both precisions. ``grouped``: each hit expert read once for all its tokens, SiLU *
+    up fused into the down projection's load and the routing weight into its epilogue
     (with a ``+shared`` variant the shared expert comes as one more expert that every
     token picks: :func:`step`); ``pair``: one GEMV per (token, expert) pair (the earlier
     kernel)."""
@@ -262,13 +263,12 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
         h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts
     ) -> torch.Tensor:
         y = triton_moe.moe_grouped(h, *w(gu), ids, x_per_pair=False)
-        d = triton_moe.moe_grouped(y, *w(dn), ids, x_per_pair=True, act=True, route_w=tw)
-        return d.view(h.shape[0], ids.shape[1], -1).sum(1)
+        return triton_moe.moe_grouped(y, *w(dn), ids, x_per_pair=True, act=True, route_w=tw)
 
     def pair(h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts) -> torch.Tensor:
         y = triton_moe.wo_moe(h, *w(gu), ids, x_per_pair=False)
         d = triton_moe.wo_moe(silu_mul(y), *w(dn), ids, x_per_pair=True)
-        return (d.view(h.shape[0], ids.shape[1], -1) * tw[..., None]).sum(1)
+        return d * tw.reshape(-1, 1)
 
     return pair if kind == "pair" else grouped
 
@@ -276,6 +276,9 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
 def silu_mul(x: torch.Tensor) -> torch.Tensor:
     g, u = x.chunk(2, dim=-1)
     return F.silu(g) * u
+
+
+GLUES = ("fused", "torch")  # how a step routes and sums: see step()
 
 
 def step(
@@ -287,10 +290,20 @@ def step(
     moe: MoeFn | None,
     full_head: bool,
     fuse_shared: bool = False,
+    glue: str = "fused",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One drafter step; returns (logits, topk_ids or None). ``fuse_shared``: the shared
     expert's gate computed with the router and the expert itself in the grouped MoE
-    launches (the ``+shared`` variants), in both precisions."""
+    launches (the ``+shared`` variants), in both precisions. ``glue``, the same in both
+    precisions: ``fused`` routes with one top-k softmax kernel (as vLLM's
+    ``topk_softmax``), takes SiLU * up in one kernel and adds the experts, the gated
+    shared expert and the residual in one (:mod:`mtpconv.kernels.triton_glue`);
+    ``torch`` does each with torch ops (softmax, topk, sum, divide, casts: the step of
+    the first sessions' figures)."""
+    fused = glue == "fused"
+    if fused:
+        from mtpconv.kernels import triton_glue
+    act = triton_glue.silu_mul if fused else silu_mul
     h = lin(torch.cat((emb, hid), dim=-1), ws.fc)
     qkv = lin(h, ws.qkv)
     attn = qkv[:, : s.o_in]  # stands in for attention output (same bytes, no KV cache)
@@ -298,27 +311,41 @@ def step(
     ids = None
     if s.experts == 0:
         assert ws.gate_up is not None and ws.down is not None
-        h = h + lin(silu_mul(lin(h, ws.gate_up)), ws.down)
+        h = h + lin(act(lin(h, ws.gate_up)), ws.down)
     else:
         assert ws.router is not None and ws.shared_gate is not None and moe is not None
         assert ws.shared_gate_up is not None and ws.shared_down is not None
         assert ws.experts_gate_up is not None and ws.experts_down is not None
-        if fuse_shared:  # router and shared gate in one GEMM; the shared expert as expert E
-            assert ws.router_shared is not None
-            logits = F.linear(h, ws.router_shared).float()
-            probs = torch.softmax(logits[:, : s.experts], dim=-1)
+        assert ws.router_shared is not None
+        gu, dn = ws.experts_gate_up, ws.experts_down
+        if fused:  # router and shared gate in one GEMM, then one routing kernel
+            logits = F.linear(h, ws.router_shared)
+            all_ids, all_w, gate = triton_glue.topk_softmax(
+                logits, s.top_k, s.experts, weight_dtype=h.dtype, append_shared=fuse_shared
+            )
+            ids = all_ids[:, : s.top_k]
+            if fuse_shared:  # the shared expert as expert E
+                h = triton_glue.combine(h, moe(h, all_ids, all_w, gu, dn))
+            else:
+                shared = lin(act(lin(h, ws.shared_gate_up)), ws.shared_down)
+                h = triton_glue.combine(h, moe(h, ids, all_w, gu, dn), shared, gate)
         else:
-            probs = torch.softmax(F.linear(h, ws.router).float(), dim=-1)
-        topw, ids = torch.topk(probs, s.top_k, dim=-1)
-        topw = topw / topw.sum(-1, keepdim=True)
-        if fuse_shared:
-            all_ids = torch.cat((ids, torch.full_like(ids[:, :1], s.experts)), dim=-1)
-            all_w = torch.cat((topw, torch.sigmoid(logits[:, s.experts :])), dim=-1).to(h.dtype)
-            h = h + moe(h, all_ids, all_w, ws.experts_gate_up, ws.experts_down)
-        else:
-            routed = moe(h, ids, topw.to(h.dtype), ws.experts_gate_up, ws.experts_down)
-            shared = lin(silu_mul(lin(h, ws.shared_gate_up)), ws.shared_down)
-            h = h + routed + torch.sigmoid(F.linear(h, ws.shared_gate)) * shared
+            if fuse_shared:  # router and shared gate in one GEMM; the shared expert as expert E
+                logits = F.linear(h, ws.router_shared).float()
+                probs = torch.softmax(logits[:, : s.experts], dim=-1)
+            else:
+                probs = torch.softmax(F.linear(h, ws.router).float(), dim=-1)
+            topw, ids = torch.topk(probs, s.top_k, dim=-1)
+            topw = topw / topw.sum(-1, keepdim=True)
+            t = h.shape[0]
+            if fuse_shared:
+                all_ids = torch.cat((ids, torch.full_like(ids[:, :1], s.experts)), dim=-1)
+                all_w = torch.cat((topw, torch.sigmoid(logits[:, s.experts :])), dim=-1).to(h.dtype)
+                h = h + moe(h, all_ids, all_w, gu, dn).view(t, s.top_k + 1, -1).sum(1)
+            else:
+                routed = moe(h, ids, topw.to(h.dtype), gu, dn).view(t, s.top_k, -1).sum(1)
+                shared = lin(act(lin(h, ws.shared_gate_up)), ws.shared_down)
+                h = h + routed + torch.sigmoid(F.linear(h, ws.shared_gate)) * shared
     logits = lin(h, ws.head_full if full_head else ws.head_draft)
     return logits, ids
 
@@ -414,6 +441,7 @@ def bench_model(
     copy_tbps: float,
     dev: torch.device,
     moe_kind: str = "grouped",
+    glue: str = "fused",
 ) -> list[Row]:
     s = SHAPES[key]
     t0 = time.time()
@@ -437,7 +465,7 @@ def bench_model(
             shared = variant_parts(variant)[2] and s.experts > 0
             for full_head in (True, False):
                 with variant_env(variant):
-                    _, ids = step(s, sets[0], emb, hid, lin, moe, full_head, shared)
+                    _, ids = step(s, sets[0], emb, hid, lin, moe, full_head, shared, glue)
                 distinct = int(ids.unique().numel()) if ids is not None else 0
 
                 def run(
@@ -450,7 +478,7 @@ def bench_model(
                     shared: bool = shared,
                 ) -> None:
                     for ws in sets:
-                        step(s, ws, emb, hid, lin, moe, full_head, shared)
+                        step(s, ws, emb, hid, lin, moe, full_head, shared, glue)
 
                 try:
                     with variant_env(variant):
@@ -851,6 +879,12 @@ def main(argv: list[str] | None = None) -> int:
         help="routed-expert kernel of the step (the same for both precisions)",
     )
     ap.add_argument(
+        "--glue",
+        choices=GLUES,
+        default="fused",
+        help="routing, SiLU * up and sums of the step: one kernel each, or torch ops (both precisions)",
+    )
+    ap.add_argument(
         "--per-row",
         action="store_true",
         help="with --micro: per-output-row weight scales (fused q/k/v, gate/up shards)",
@@ -873,6 +907,7 @@ def main(argv: list[str] | None = None) -> int:
         "triton": __import__("triton").__version__ if triton_available() else None,
         "python": platform.python_version(),
         "command": " ".join(sys.argv),
+        "glue": args.glue,
     }
     copy_tbps = copy_bandwidth(dev)
     print(f"{meta}\ncopy bandwidth {copy_tbps:.2f} TB/s", flush=True)
@@ -900,10 +935,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.micro_only:
         rows: list[Row] = []
         for key in args.models.split(","):
-            rows += bench_model(key, tokens, variants, copy_tbps, dev, args.moe)
+            rows += bench_model(key, tokens, variants, copy_tbps, dev, args.moe, args.glue)
             result["steps"] = [r.__dict__ for r in rows]
             (args.out / "bench_draft.json").write_text(json.dumps(result, indent=1))
-        md = "### Drafter step\n\n" + markdown(rows, copy_tbps, variants) + "\n" + md
+        md = f"### Drafter step (glue: {args.glue})\n\n" + markdown(rows, copy_tbps, variants) + "\n" + md
     (args.out / "bench_draft.md").write_text(md)
     print(md)
     return 0

@@ -59,7 +59,13 @@ def kernel_times(fn: Callable[[], object]) -> tuple[dict[str, float], list[tuple
 
 
 def report(
-    s: bd.Shape, ws: bd.WeightSet, t: int, variant: str, input_scale: torch.Tensor, show_sequence: bool
+    s: bd.Shape,
+    ws: bd.WeightSet,
+    t: int,
+    variant: str,
+    input_scale: torch.Tensor,
+    show_sequence: bool,
+    glue: str,
 ) -> None:
     dev = input_scale.device
     gen = torch.Generator(device=dev).manual_seed(t)
@@ -69,9 +75,9 @@ def report(
     moe = bd.moe_fn(variant, "grouped") if s.experts else None
 
     def run() -> None:
-        bd.step(s, ws, emb, hid, lin, moe, False)
+        bd.step(s, ws, emb, hid, lin, moe, False, glue=glue)
 
-    _, ids = bd.step(s, ws, emb, hid, lin, moe, False)
+    _, ids = bd.step(s, ws, emb, hid, lin, moe, False, glue=glue)
     distinct = int(ids.unique().numel()) if ids is not None else 0
     nbytes = bd.step_bytes(s, ws, variant, False, distinct)
 
@@ -101,6 +107,7 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,4,16")
     ap.add_argument("--variants", default="bf16,wo_skinny")
     ap.add_argument("--sequence", action="store_true", help="also print one replay's kernels in order")
+    ap.add_argument("--glue", choices=bd.GLUES, default="fused", help="as bench_draft.py's --glue")
     args = ap.parse_args()
     input_scale = torch.tensor(4.0 / 448.0, device=torch.device("cuda"))
     print(f"copy bandwidth {bd.copy_bandwidth(input_scale.device):.2f} TB/s", flush=True)
@@ -109,7 +116,7 @@ def main() -> None:
         ws = bd.build_weights(s, input_scale.device, seed=1, head_full=None)
         for t in [int(v) for v in args.tokens.split(",")]:
             for variant in args.variants.split(","):
-                report(s, ws, t, variant, input_scale, args.sequence)
+                report(s, ws, t, variant, input_scale, args.sequence, args.glue)
         del ws
         torch.cuda.empty_cache()
 

@@ -1,0 +1,158 @@
+"""The drafter step's routing and sum kernels (``triton_glue``) against torch.
+
+Skipped where no CUDA device is present (CI); run on the GPU machine with
+``python -m pytest -q tests/kernels/test_glue_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def torch_routing(logits: torch.Tensor, top_k: int, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    probs = torch.softmax(logits[:, :n_experts].double(), dim=-1)
+    w, ids = torch.topk(probs, top_k, dim=-1)
+    return ids, w / w.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 16, 33])
+@pytest.mark.parametrize(("n_experts", "top_k"), [(512, 10), (64, 8), (100, 1), (256, 16)])
+def test_topk_softmax_matches_softmax_topk_renormalise(tokens: int, n_experts: int, top_k: int) -> None:
+    from mtpconv.kernels import triton_glue
+
+    g = torch.Generator(device="cuda").manual_seed(tokens * 1000 + n_experts)
+    # float32 logits: no two equal, so the ids must be exactly torch.topk's, in its order
+    logits = torch.randn(tokens, n_experts, device="cuda", generator=g) * 3
+    ids, w, gate = triton_glue.topk_softmax(logits, top_k, n_experts, weight_dtype=torch.float32)
+    ref_ids, ref_w = torch_routing(logits, top_k, n_experts)
+    assert gate is None
+    assert ids.dtype == torch.int64 and ids.shape == (tokens, top_k)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(w.double(), ref_w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("append", [False, True])
+def test_topk_softmax_bf16_logits_and_shared_gate(append: bool) -> None:
+    from mtpconv.kernels import triton_glue
+
+    n_experts, top_k, tokens = 512, 10, 7
+    g = torch.Generator(device="cuda").manual_seed(3)
+    # bf16 logits (as the router GEMM gives them) can tie: compare the picked values
+    logits = (torch.randn(tokens, n_experts + 1, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    ids, w, gate = triton_glue.topk_softmax(
+        logits, top_k, n_experts, weight_dtype=torch.bfloat16, append_shared=append
+    )
+    ref_ids, ref_w = torch_routing(logits.float(), top_k, n_experts)
+    routed = ids[:, :top_k]
+    assert torch.equal(logits.gather(1, routed), logits.gather(1, ref_ids))
+    assert all(len(set(row.tolist())) == top_k for row in routed)
+    assert int(routed.max()) < n_experts
+    torch.testing.assert_close(w[:, :top_k].double(), ref_w, rtol=1e-2, atol=1e-3)  # one bf16 rounding
+    sig = torch.sigmoid(logits[:, n_experts:].float())
+    if append:
+        assert gate is None and ids.shape == (tokens, top_k + 1) and w.shape == (tokens, top_k + 1)
+        assert torch.equal(ids[:, top_k], torch.full((tokens,), n_experts, device="cuda"))
+        torch.testing.assert_close(w[:, top_k:].float(), sig, rtol=1e-2, atol=1e-3)
+    else:
+        assert gate is not None and gate.shape == (tokens, 1) and gate.dtype == torch.bfloat16
+        torch.testing.assert_close(gate.float(), sig, rtol=1e-2, atol=1e-3)
+
+
+def test_topk_softmax_refuses_what_does_not_fit() -> None:
+    from mtpconv.kernels import triton_glue
+
+    logits = torch.zeros(2, 64, device="cuda")
+    with pytest.raises(ValueError, match="64 experts, top 65"):
+        triton_glue.topk_softmax(logits, 65, 64, weight_dtype=torch.float32)
+    with pytest.raises(ValueError, match="for 32 experts"):
+        triton_glue.topk_softmax(logits, 4, 32, weight_dtype=torch.float32)
+    with pytest.raises(ValueError, match="append_shared needs the shared gate"):
+        triton_glue.topk_softmax(logits, 4, 64, weight_dtype=torch.float32, append_shared=True)
+
+
+@pytest.mark.parametrize(("tokens", "inter"), [(1, 1024), (4, 17408), (16, 512), (3, 1000)])
+def test_silu_mul_matches_torch(tokens: int, inter: int) -> None:
+    from mtpconv.kernels import triton_glue
+
+    g = torch.Generator(device="cuda").manual_seed(inter)
+    x = (torch.randn(tokens, 2 * inter, device="cuda", generator=g) * 4).to(torch.bfloat16)
+    gate, up = x.float().chunk(2, dim=-1)
+    ref = F.silu(gate) * up
+    out = triton_glue.silu_mul(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (tokens, inter)
+    # float32 arithmetic, one rounding to bfloat16 (within one ulp)
+    torch.testing.assert_close(out.float(), ref, rtol=2**-7, atol=1e-6)
+    with pytest.raises(ValueError, match="not \\[T, 2I\\]"):
+        triton_glue.silu_mul(x[:, :-1])
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize(("tokens", "top_k", "hidden"), [(1, 10, 4096), (4, 11, 2048), (16, 8, 1000)])
+def test_combine_matches_torch(tokens: int, top_k: int, hidden: int, shared: bool) -> None:
+    from mtpconv.kernels import triton_glue
+
+    g = torch.Generator(device="cuda").manual_seed(tokens + top_k)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", generator=g).to(torch.bfloat16)
+
+    h, rows = r(tokens, hidden), r(tokens * top_k, hidden)
+    ref = h.float() + rows.float().view(tokens, top_k, hidden).sum(1)
+    args: tuple[torch.Tensor, ...] = ()
+    if shared:
+        s, gate = r(tokens, hidden), torch.rand(tokens, 1, device="cuda", generator=g).to(torch.bfloat16)
+        ref = ref + gate.float() * s.float()
+        args = (s, gate)
+    out = triton_glue.combine(h, rows, *args)
+    assert out.dtype == h.dtype and out.shape == h.shape
+    torch.testing.assert_close(out.float(), ref, rtol=2**-7, atol=1e-5)
+
+
+def test_combine_refuses_what_does_not_fit() -> None:
+    from mtpconv.kernels import triton_glue
+
+    h = torch.zeros(2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="do not fit"):
+        triton_glue.combine(h, torch.zeros(3, 64, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="come together"):
+        triton_glue.combine(h, torch.zeros(4, 64, device="cuda", dtype=torch.bfloat16), h)
+
+
+def test_glue_in_a_cuda_graph() -> None:
+    """Routing, SiLU * up and the sum captured once and replayed on new inputs."""
+    from mtpconv.kernels import triton_glue
+
+    n_experts, top_k, tokens, hidden = 512, 10, 4, 2048
+    g = torch.Generator(device="cuda").manual_seed(7)
+    logits = torch.randn(tokens, n_experts + 1, device="cuda", generator=g)
+    x = torch.randn(tokens, 2 * hidden, device="cuda", generator=g).to(torch.bfloat16)
+    h = torch.randn(tokens, hidden, device="cuda", generator=g).to(torch.bfloat16)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids, w, gate = triton_glue.topk_softmax(logits, top_k, n_experts, weight_dtype=torch.float32)
+        assert gate is not None
+        y = triton_glue.silu_mul(x)
+        rows = (y.float().repeat_interleave(top_k, 0) * w.reshape(-1, 1)).to(torch.bfloat16)
+        return ids, w, triton_glue.combine(h, rows, y, gate.to(torch.bfloat16))
+
+    run()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for scale in (1e-3, 1.0, 50.0):
+        logits.copy_(torch.randn(logits.shape, device="cuda", generator=g) * scale)
+        x.copy_(torch.randn(x.shape, device="cuda", generator=g).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = run()
+        for a, b in zip(out, expected, strict=True):
+            assert torch.equal(a, b)
