@@ -1,0 +1,113 @@
+"""The grouped MoE kernel's configurations at 2-16 tokens, FP8 and BF16 experts (CUDA).
+
+    PYTHONPATH=$PWD python3 scripts/sweep_moe.py --out OUTDIR --tokens 4,16
+
+``bench_draft.py --sweep`` tunes the FP8 experts over 12 configurations a mode and
+leaves the BF16 baseline's experts at 2+ tokens on ``triton_moe.default_config``'s
+untuned choice. This times a wider space (tile width and depth, warps, stages) for both
+precisions on the routed experts of every MoE model of ``bench_draft.SHAPES``, each
+configuration timed as the sweep times one (a CUDA graph over 8 id sets so that the
+experts do not stay in L2), and prints per (model, projection, precision, tokens) the
+default configuration's time, the best and the best's gain. Writes OUTDIR/sweep_moe.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_draft as bd  # noqa: E402
+
+from mtpconv.kernels import triton_moe  # noqa: E402
+
+ID_SETS = 8
+
+
+def configs(fp8: bool) -> list[tuple[int, int, int, int, int]]:
+    mode = triton_moe.DOT_FP8 if fp8 else triton_moe.DOT
+    return [
+        (bn, bk, warps, stages, mode)
+        for bn in (32, 64, 128, 256)
+        for bk in (64, 128, 256)
+        for warps in (4, 8)
+        for stages in (3, 4)
+        if bn * bk <= 128 * 256
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokens", default="4,16")
+    ap.add_argument("--models", default=",".join(k for k, s in bd.SHAPES.items() if s.experts))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    args.out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows: list[dict[str, Any]] = []
+    for key in args.models.split(","):
+        s = bd.SHAPES[key]
+        ex_gu = bd.Experts.make(s.experts, 2 * s.moe_intermediate, s.hidden, dev, gen)
+        ex_dn = bd.Experts.make(s.experts, s.hidden, s.moe_intermediate, dev, gen)
+        for t in [int(v) for v in args.tokens.split(",")]:
+            picks = [torch.randperm(s.experts, device=dev, generator=gen) for _ in range(t * ID_SETS)]
+            picks = [p[: s.top_k] for p in picks]
+            id_sets = [torch.stack(picks[i * t : (i + 1) * t]) for i in range(ID_SETS)]
+            distinct = sum(int(i.unique().numel()) for i in id_sets) / ID_SETS
+            h = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
+            y = torch.randn(t * s.top_k, 2 * s.moe_intermediate, device=dev, generator=gen).to(torch.bfloat16)
+            for proj, ex, x, act in (("gate_up", ex_gu, h, False), ("down", ex_dn, y, True)):
+                for fp8 in (True, False):
+                    w, sc = (ex.fp8, ex.scale) if fp8 else (ex.bf16, None)
+                    n, k = ex.fp8.shape[1:]
+                    default = triton_moe.default_config(t, n, k, fp8)
+
+                    def run(
+                        cfg: Any,
+                        w: torch.Tensor = w,
+                        sc: torch.Tensor | None = sc,
+                        x: torch.Tensor = x,
+                        act: bool = act,
+                        id_sets: list[torch.Tensor] = id_sets,
+                    ) -> None:
+                        for ids in id_sets:
+                            triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=act, act=act, config=cfg)
+
+                    cfgs = [default] + [c for c in configs(fp8) if c != default]
+                    res = bd.time_configs(cfgs, run, ID_SETS, f"{s.name} {proj} T={t}")
+                    nbytes = distinct * n * k * (1 if fp8 else 2)
+                    base = next(us for us, c in res if c == default)
+                    best_us, best = min(res, key=lambda r: r[0])
+                    row = {
+                        "model": s.name,
+                        "projection": proj,
+                        "precision": "fp8" if fp8 else "bf16",
+                        "tokens": t,
+                        "distinct_experts": distinct,
+                        "default": list(default),
+                        "default_us": base,
+                        "best": list(best),
+                        "best_us": best_us,
+                        "best_tbps": nbytes / (best_us * 1e-6) / 1e12,
+                        "all": [[us, list(c)] for us, c in sorted(res, key=lambda r: r[0])],
+                    }
+                    rows.append(row)
+                    print(
+                        f"{s.name} {proj} {row['precision']} T={t} ({distinct:.0f} experts): default "
+                        f"{default} {base:.1f} us; best {best} {best_us:.1f} us "
+                        f"({row['best_tbps']:.2f} TB/s, {100 * (1 - best_us / base):.0f}% faster)",
+                        flush=True,
+                    )
+                    (args.out / "sweep_moe.json").write_text(json.dumps(rows, indent=1))
+        del ex_gu, ex_dn
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
