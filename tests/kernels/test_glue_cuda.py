@@ -140,11 +140,7 @@ def test_glue_in_a_cuda_graph() -> None:
         return ids, w, triton_glue.combine(h, rows, y, gate.to(torch.bfloat16))
 
     run()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = run()
