@@ -648,6 +648,38 @@ def time_skinny(x: torch.Tensor, ws: list[Linear], cfgs: list[Any], label: str) 
     return time_configs(cfgs, run, len(ws), label)
 
 
+def routing_sets(s: Shape, t: int, dev: torch.device, gen: torch.Generator, n: int = 8) -> list[torch.Tensor]:
+    """``n`` random routings of ``t`` tokens (``[t, top_k]`` distinct experts each), to
+    rotate so that the experts a sweep reads do not stay in L2."""
+    return [
+        torch.stack([torch.randperm(s.experts, device=dev, generator=gen)[: s.top_k] for _ in range(t)])
+        for _ in range(n)
+    ]
+
+
+def time_grouped(
+    x: torch.Tensor,
+    ex: Experts,
+    fp8: bool,
+    act: bool,
+    id_sets: list[torch.Tensor],
+    cfgs: list[Any],
+    label: str,
+) -> list[tuple[float, Any]]:
+    """:func:`time_configs` of grouped-MoE configurations: the experts ``ex`` (FP8 or BF16)
+    on ``x`` (the down projection's ``[gate | up]`` pair rows when ``act``), one launch per
+    routing of ``id_sets``."""
+    from mtpconv.kernels import triton_moe
+
+    w, sc = (ex.fp8, ex.scale) if fp8 else (ex.bf16, None)
+
+    def run(cfg: Any) -> None:
+        for ids in id_sets:
+            triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=act, act=act, config=cfg)
+
+    return time_configs(cfgs, run, len(id_sets), label)
+
+
 def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = None) -> list[dict[str, Any]]:
     """Time the skinny GEMM at every configuration of ``skinny_configs`` on every model's
     dense FP8 linears, and the grouped MoE kernel on the experts; best first per shape."""
@@ -696,12 +728,7 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
         ex_gu = Experts.make(s.experts, 2 * s.moe_intermediate, s.hidden, dev, gen)
         ex_dn = Experts.make(s.experts, s.hidden, s.moe_intermediate, dev, gen)
         for t in tokens_list:
-            id_sets = [
-                torch.stack(
-                    [torch.randperm(s.experts, device=dev, generator=gen)[: s.top_k] for _ in range(t)]
-                )
-                for _ in range(8)
-            ]
+            id_sets = routing_sets(s, t, dev, gen)
             h = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
             y = torch.randn(t * s.top_k, 2 * s.moe_intermediate, device=dev, generator=gen).to(torch.bfloat16)
             distinct = sum(int(i.unique().numel()) for i in id_sets) / len(id_sets)
@@ -728,19 +755,7 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
                     cfgs += [(bn, 1024, 4, 3, triton_moe.FMA_NARROW) for bn in (2, 4, 8, 16)]
                     cfgs += [(bn, 2048, 8, 3, triton_moe.FMA_NARROW) for bn in (2, 4, 8)]
 
-                def g(
-                    cfg: Any,
-                    ex: Experts = ex,
-                    x: torch.Tensor = x,
-                    act: bool = act,
-                    fp8: bool = fp8,
-                    id_sets: list[torch.Tensor] = id_sets,
-                ) -> None:
-                    w, sc = (ex.fp8, ex.scale) if fp8 else (ex.bf16, None)
-                    for ids in id_sets:
-                        triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=act, act=act, config=cfg)
-
-                res = time_configs(cfgs, g, len(id_sets), f"moe {proj} T={t}")
+                res = time_grouped(x, ex, fp8, act, id_sets, cfgs, f"moe {proj} T={t}")
                 res.sort(key=lambda r: r[0])
                 nbytes = distinct * ex.fp8[0].numel() * (1 if fp8 else 2)
                 for rank, (us, cfg) in enumerate(res[:3]):

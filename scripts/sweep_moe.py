@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,33 +57,18 @@ def main() -> None:
         ex_gu = bd.Experts.make(s.experts, 2 * s.moe_intermediate, s.hidden, dev, gen)
         ex_dn = bd.Experts.make(s.experts, s.hidden, s.moe_intermediate, dev, gen)
         for t in [int(v) for v in args.tokens.split(",")]:
-            picks = [torch.randperm(s.experts, device=dev, generator=gen) for _ in range(t * ID_SETS)]
-            picks = [p[: s.top_k] for p in picks]
-            id_sets = [torch.stack(picks[i * t : (i + 1) * t]) for i in range(ID_SETS)]
+            id_sets = bd.routing_sets(s, t, dev, gen, ID_SETS)
             distinct = sum(int(i.unique().numel()) for i in id_sets) / ID_SETS
             h = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
             y = torch.randn(t * s.top_k, 2 * s.moe_intermediate, device=dev, generator=gen).to(torch.bfloat16)
             for proj, ex, x, act in (("gate_up", ex_gu, h, False), ("down", ex_dn, y, True)):
                 for fp8 in (True, False):
-                    w, sc = (ex.fp8, ex.scale) if fp8 else (ex.bf16, None)
                     n, k = ex.fp8.shape[1:]
                     default = triton_moe.default_config(t, n, k, fp8)
-
-                    def run(
-                        cfg: Any,
-                        w: torch.Tensor = w,
-                        sc: torch.Tensor | None = sc,
-                        x: torch.Tensor = x,
-                        act: bool = act,
-                        id_sets: list[torch.Tensor] = id_sets,
-                    ) -> None:
-                        for ids in id_sets:
-                            triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=act, act=act, config=cfg)
-
                     cfgs = [default] + [c for c in configs(fp8) if c != default]
-                    res = bd.time_configs(cfgs, run, ID_SETS, f"{s.name} {proj} T={t}")
+                    res = bd.time_grouped(x, ex, fp8, act, id_sets, cfgs, f"{s.name} {proj} T={t}")
                     nbytes = distinct * n * k * (1 if fp8 else 2)
-                    base = next(us for us, c in res if c == default)
+                    base = next((us for us, c in res if c == default), math.nan)  # nan: it failed
                     best_us, best = min(res, key=lambda r: r[0])
                     row = {
                         "model": s.name,
