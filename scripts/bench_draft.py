@@ -45,6 +45,7 @@ from mtpconv.kernels import Fp8Path, fp8_linear, pdl, run_path, triton_available
 
 DRAFT_VOCAB = 32_768
 L2_SAFE_BYTES = 400 * 2**20  # a graph reads at least this much before repeating a weight
+ROUTER_ROW_ALIGN = 8  # rows of the router + shared-gate GEMM: a multiple of this (bf16: 16 bytes)
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,11 @@ class WeightSet:
     shared_gate_up: Linear | None = None
     shared_down: Linear | None = None
     shared_gate: torch.Tensor | None = None
-    router_shared: torch.Tensor | None = None  # [router; shared_gate]: one launch for both
+    # [router; shared_gate; zero rows to a multiple of 8]: one launch for both. The zero
+    # rows keep the logits' rows 16-byte aligned: with E + 1 = 513 rows cuBLAS took an
+    # sm75 split-K kernel at 4 tokens (12.1 + 2.6 us on 397B; docs/BENCHMARKS.md, eighth
+    # session). vLLM runs the router (E rows, aligned) and the shared gate apart.
+    router_shared: torch.Tensor | None = None
     experts_gate_up: Experts | None = None
     experts_down: Experts | None = None
 
@@ -180,7 +185,8 @@ def build_weights(s: Shape, dev: torch.device, seed: int, head_full: Linear | No
         dn = ws.experts_down = Experts.make(s.experts + 1, h, s.moe_intermediate, dev, gen)
         ws.shared_gate_up = Linear(gu.bf16[s.experts], gu.fp8[s.experts], gu.scale[s.experts])
         ws.shared_down = Linear(dn.bf16[s.experts], dn.fp8[s.experts], dn.scale[s.experts])
-        ws.router_shared = torch.cat((ws.router, ws.shared_gate))
+        pad = -(s.experts + 1) % ROUTER_ROW_ALIGN
+        ws.router_shared = torch.cat((ws.router, ws.shared_gate, ws.router.new_zeros(pad, h)))
     return ws
 
 
@@ -319,7 +325,7 @@ def step(
         assert ws.router_shared is not None
         gu, dn = ws.experts_gate_up, ws.experts_down
         if fused:  # router and shared gate in one GEMM, then one routing kernel
-            logits = F.linear(h, ws.router_shared)
+            logits = F.linear(h, ws.router_shared)[:, : s.experts + 1]
             all_ids, all_w, gate = triton_glue.topk_softmax(
                 logits, s.top_k, s.experts, weight_dtype=h.dtype, append_shared=fuse_shared
             )
@@ -331,7 +337,7 @@ def step(
                 h = triton_glue.combine(h, moe(h, ids, all_w, gu, dn), shared, gate)
         else:
             if fuse_shared:  # router and shared gate in one GEMM; the shared expert as expert E
-                logits = F.linear(h, ws.router_shared).float()
+                logits = F.linear(h, ws.router_shared)[:, : s.experts + 1].float()
                 probs = torch.softmax(logits[:, : s.experts], dim=-1)
             else:
                 probs = torch.softmax(F.linear(h, ws.router).float(), dim=-1)

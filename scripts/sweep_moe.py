@@ -1,11 +1,12 @@
-"""The grouped MoE kernel's configurations at 2-16 tokens, FP8 and BF16 experts (CUDA).
+"""The grouped MoE kernel's configurations, FP8 and BF16 experts (CUDA).
 
-    PYTHONPATH=$PWD python3 scripts/sweep_moe.py --out OUTDIR --tokens 4,16
+    PYTHONPATH=$PWD python3 scripts/sweep_moe.py --out OUTDIR --tokens 1,4,16
 
 ``bench_draft.py --sweep`` tunes the FP8 experts over 12 configurations a mode and
 leaves the BF16 baseline's experts at 2+ tokens on ``triton_moe.default_config``'s
-untuned choice. This times a wider space (tile width and depth, warps, stages) for both
-precisions on the routed experts of every MoE model of ``bench_draft.SHAPES``, each
+untuned choice. This times a wider space (tile width and depth, warps, stages; at one
+token also the CUDA-core modes with 2-8 warps) for both precisions on the routed
+experts of every MoE model of ``bench_draft.SHAPES``, each
 configuration timed as the sweep times one (a CUDA graph over 8 id sets so that the
 experts do not stay in L2), and prints per (model, projection, precision, tokens) the
 default configuration's time, the best and the best's gain. Writes OUTDIR/sweep_moe.json.
@@ -30,16 +31,43 @@ from mtpconv.kernels import triton_moe  # noqa: E402
 ID_SETS = 8
 
 
-def configs(fp8: bool) -> list[tuple[int, int, int, int, int]]:
+MODES = {"dot": triton_moe.DOT, "dot_fp8": triton_moe.DOT_FP8}
+# --modes: the seventh session's 2-16-token best, and tiles as deep as the down
+# projections' K (one K step a tile)
+MODE_TILES = [(128, 128, 8, 3), (64, 512, 4, 2), (64, 512, 8, 2), (128, 512, 8, 2), (32, 512, 4, 2)]
+MODE_TILES += [(64, 256, 8, 3), (128, 256, 8, 2), (32, 1024, 4, 2)]
+
+
+def configs(
+    fp8: bool, tokens: int, k: int, modes: list[int] | None = None
+) -> list[tuple[int, int, int, int, int]]:
+    """The swept configurations of experts ``[E, N, k]`` at ``tokens`` tokens: at 2+ tokens
+    the precision's MMA mode over a wide tile space, or ``MODE_TILES`` in each of
+    ``modes`` (``DOT_FP8``: FP8 experts only)."""
     mode = triton_moe.DOT_FP8 if fp8 else triton_moe.DOT
-    return [
-        (bn, bk, warps, stages, mode)
-        for bn in (32, 64, 128, 256)
-        for bk in (64, 128, 256)
-        for warps in (4, 8)
-        for stages in (3, 4)
-        if bn * bk <= 128 * 256
+    modes = [m for m in modes or [] if fp8 or m != triton_moe.DOT_FP8]
+    if tokens > 1 and modes:
+        return [(bn, bk, warps, stages, m) for m in modes for bn, bk, warps, stages in MODE_TILES]
+    if tokens > 1:
+        return [
+            (bn, bk, warps, stages, mode)
+            for bn in (32, 64, 128, 256)
+            for bk in (64, 128, 256)
+            for warps in (4, 8)
+            for stages in (3, 4)
+            if bn * bk <= 128 * 256
+        ]
+    # one token: the MMA with the fewest and most warps, CUDA-core FMA, and the narrow
+    # loads with block_k = 256 * warps (no layout exchange in the K loop) up to K
+    out = [(bn, 128, warps, 3, mode) for bn in (64, 128) for warps in (4, 8)]
+    out += [(bn, bk, 4, 3, triton_moe.FMA) for bn in (8, 16, 32) for bk in (256, 512)]
+    out += [
+        (bn, 256 * warps, warps, 3, triton_moe.FMA_NARROW)
+        for warps in (2, 4, 8)
+        for bn in (2, 4, 8, 16, 32)
+        if 256 * warps <= k and bn * 256 * warps <= 32 * 1024
     ]
+    return out
 
 
 def main() -> None:
@@ -47,7 +75,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tokens", default="4,16")
     ap.add_argument("--models", default=",".join(k for k, s in bd.SHAPES.items() if s.experts))
+    ap.add_argument("--precisions", default="fp8,bf16")
+    ap.add_argument(
+        "--modes",
+        default="",
+        help=f"at 2+ tokens: these modes over MODE_TILES ({','.join(MODES)})",
+    )
     args = ap.parse_args()
+    modes = [MODES[m] for m in args.modes.split(",") if m]
+    precisions = [{"fp8": True, "bf16": False}[p] for p in args.precisions.split(",")]
     dev = torch.device("cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -62,10 +98,10 @@ def main() -> None:
             h = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
             y = torch.randn(t * s.top_k, 2 * s.moe_intermediate, device=dev, generator=gen).to(torch.bfloat16)
             for proj, ex, x, act in (("gate_up", ex_gu, h, False), ("down", ex_dn, y, True)):
-                for fp8 in (True, False):
+                for fp8 in precisions:
                     n, k = ex.fp8.shape[1:]
                     default = triton_moe.default_config(t, n, k, fp8)
-                    cfgs = [default] + [c for c in configs(fp8) if c != default]
+                    cfgs = [default] + [c for c in configs(fp8, t, k, modes) if c != default]
                     res = bd.time_grouped(x, ex, fp8, act, id_sets, cfgs, f"{s.name} {proj} T={t}")
                     nbytes = distinct * n * k * (1 if fp8 else 2)
                     base = next((us for us, c in res if c == default), math.nan)  # nan: it failed

@@ -263,24 +263,27 @@ FMA, DOT, DOT_FP8, FMA_NARROW = 0, 1, 2, 3
 def default_config(tokens: int, n: int, k: int, fp8: bool) -> tuple[int, int, int, int, int]:
     """Best measured ``(BLOCK_N, BLOCK_K, warps, stages, mode)`` on the H200.
 
-    One token, from ``scripts/bench_draft.py --sweep-only --tokens 1,4,16``: experts with
-    K >= 2048 (the gate_up projections) take the narrow-load FMA, BF16 experts from
-    K >= 1024 (within 1% of the swept best); other large FP8 experts (> 2M weights) the
-    FP8 MMA, small ones the FMA. 2+ tokens, from ``scripts/sweep_moe.py --tokens 4,16``
+    One token, from ``scripts/sweep_moe.py --tokens 1`` (docs/BENCHMARKS.md, eighth
+    session; 397B and Next-80B experts, both projections and precisions): the narrow-load
+    FMA with 8-row tiles, 512-wide K steps and 2 warps was the best of 24 configurations
+    in all four FP8 cases (by 6-23% over the previous choice) and on the BF16 down
+    projections (K <= 1024; by 3-22%); the BF16 gate_up projections keep 1024-wide K steps
+    with 4 warps (within 1% of their best). Experts with K < 512 (not swept) take the
+    FMA. 2+ tokens, from ``scripts/sweep_moe.py --tokens 4,16``
     (docs/BENCHMARKS.md, seventh session; both precisions, 397B and Next-80B experts): FP8
     experts take the FP8 MMA with 128 x 128 tiles and 8 warps (within 1% of the best in
     every case; 4 warps lost up to 14% on the down projections); BF16 experts the BF16
     MMA with 64-wide K tiles where K <= 1024 (the down projections: within 4% of the best,
     where 128-wide tiles lost up to 23%), 128-wide ones above."""
-    if tokens == 1 and k >= (1024 if not fp8 else 2048):
+    if tokens == 1:
+        if k < 512:
+            return 16, 256, 4, 3, FMA
+        if fp8 or k <= 1024:
+            return 8, 512, 2, 3, FMA_NARROW
         return 8, 1024, 4, 3, FMA_NARROW
     if not fp8:
-        if tokens == 1:
-            return 16, 256, 4, 3, FMA
         return 64, 64 if k <= 1024 else 128, 4, 3, DOT
-    if tokens == 1 and n * k <= 2 * 2**20:
-        return 16, 256, 4, 3, FMA
-    return 128, 128, 4 if tokens == 1 else 8, 3, DOT_FP8
+    return 128, 128, 8, 3, DOT_FP8
 
 
 def moe_grouped(

@@ -262,7 +262,7 @@ def test_grouped_moe_matches_reference(tokens: int, fp8: bool) -> None:
 
 
 @pytest.mark.parametrize("fp8", [True, False])
-@pytest.mark.parametrize("k", [256, 200])
+@pytest.mark.parametrize("k", [256, 200, 1024])
 def test_grouped_moe_one_token_fma_modes_match_reference(fp8: bool, k: int) -> None:
     """One token: the FMA mode and the narrow-load FMA mode are weight-only (rel. L2 < 1e-2),
     for a K that is and one that is not a multiple of the tile, and for tiles wider than K."""
@@ -289,6 +289,7 @@ def test_grouped_moe_one_token_fma_modes_match_reference(fp8: bool, k: int) -> N
         (16, 128, 4, 3, triton_moe.FMA_NARROW),
         (4, 1024, 4, 3, triton_moe.FMA_NARROW),
         (8, 2048, 8, 3, triton_moe.FMA_NARROW),
+        (8, 512, 2, 3, triton_moe.FMA_NARROW),  # the one-token default from K = 512
     ):
         out = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, config=cfg)
         assert _rel(out, ref) < 1e-2, cfg
