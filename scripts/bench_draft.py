@@ -582,10 +582,15 @@ def dense_shapes(s: Shape) -> dict[str, tuple[int, int]]:
     return out
 
 
-def skinny_configs(t: int, sms: int) -> list[Any]:
+def skinny_configs(t: int, sms: int, narrow_only: bool = False) -> list[Any]:
     from mtpconv.kernels.triton_skinny import Config
 
     cfgs = []
+    if narrow_only:  # the narrow-load GEMV's configurations only (1-4 tokens), 2-8 warps
+        narrow = [(bn, 512, 2) for bn in (2, 4, 8, 16)] + [(bn, 1024, 4) for bn in (1, 2, 4, 8)]
+        narrow += [(bn, 2048, 8) for bn in (2, 4, 8)]
+        progs = (4, 8, 12, 16) if t == 1 else (4, 8, 16)
+        return [Config(False, bn, bk, w, 3, p * sms, 0, False, True) for bn, bk, w in narrow for p in progs]
     if t == 1:  # (TMA never won at one token in the sweeps of 2026-12-01: not swept there)
         shapes = [
             (4, 512, 4),
@@ -686,7 +691,9 @@ def time_grouped(
     return time_configs(cfgs, run, len(id_sets), label)
 
 
-def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = None) -> list[dict[str, Any]]:
+def sweep(
+    tokens_list: list[int], dev: torch.device, only: list[str] | None = None, narrow_only: bool = False
+) -> list[dict[str, Any]]:
     """Time the skinny GEMM at every configuration of ``skinny_configs`` on every model's
     dense FP8 linears, and the grouped MoE kernel on the experts; best first per shape."""
     from mtpconv.kernels import triton_moe, triton_skinny
@@ -706,7 +713,10 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
             ws = [Linear.make(n, k, dev, gen) for _ in range(copies)]
             for t in tokens_list:
                 x = torch.randn(t, k, device=dev, generator=gen).to(torch.bfloat16)
-                res = sorted(time_skinny(x, ws, skinny_configs(t, sms), f"{n}x{k} T={t}"), key=lambda r: r[0])
+                cfgs = skinny_configs(t, sms, narrow_only)
+                if narrow_only:  # against the configuration the skinny GEMM takes now
+                    cfgs = [triton_skinny.default_config(t, n, k, sms)] + cfgs
+                res = sorted(time_skinny(x, ws, cfgs, f"{n}x{k} T={t}"), key=lambda r: r[0])
                 for rank, (us, cfg) in enumerate(res[:3]):
                     tbps = n * k / (us * 1e-6) / 1e12
                     out.append(
@@ -729,7 +739,7 @@ def sweep(tokens_list: list[int], dev: torch.device, only: list[str] | None = No
                 )
             del ws
             torch.cuda.empty_cache()
-        if s.experts == 0:
+        if s.experts == 0 or narrow_only:
             continue
         ex_gu = Experts.make(s.experts, 2 * s.moe_intermediate, s.hidden, dev, gen)
         ex_dn = Experts.make(s.experts, s.hidden, s.moe_intermediate, dev, gen)
@@ -888,6 +898,14 @@ def main(argv: list[str] | None = None) -> int:
         help="sweep the skinny-GEMM and grouped-MoE configurations (all models' shapes)",
     )
     ap.add_argument("--sweep-only", action="store_true", help="the sweep and nothing else")
+    ap.add_argument("--sweep-models", default="", help="the sweep's models (default: --models)")
+    ap.add_argument("--sweep-tokens", default="", help="the sweep's token counts (default: --tokens)")
+    ap.add_argument(
+        "--narrow-only",
+        action="store_true",
+        help="the sweep: dense linears only, the narrow-load GEMV's configurations (1-4 tokens) "
+        "against the configuration each shape takes now",
+    )
     ap.add_argument(
         "--retune",
         action="store_true",
@@ -935,7 +953,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"meta": meta, "copy_tbps": copy_tbps}
     md = ""
     if args.sweep or args.sweep_only:
-        srows = sweep(tokens, dev, [SHAPES[m].name for m in args.models.split(",")])
+        sweep_models = (args.sweep_models or args.models).split(",")
+        sweep_tokens = [int(t) for t in args.sweep_tokens.split(",")] if args.sweep_tokens else tokens
+        srows = sweep(sweep_tokens, dev, [SHAPES[m].name for m in sweep_models], args.narrow_only)
         result["sweep"] = srows
         md += "### Sweep (best per shape)\n\n" + srows_markdown(srows) + "\n\n"
         if args.retune:
