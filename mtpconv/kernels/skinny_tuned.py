@@ -7,6 +7,11 @@ of the benchmarked drafters, as ``--retune`` printed them. Keys are ``(tokens, N
 with tokens 1, 4 (for 2-4) or 16 (for 5-16); values ``(dot, block_n, block_k, warps,
 stages, waves, mma, tma, narrow)`` with ``waves`` resident programs per SM. Shapes not
 listed take the rule in :func:`mtpconv.kernels.triton_skinny.default_config`.
+
+Entries marked ``(8th)`` come from the eighth session's sweep of the narrow-load GEMV's
+configurations, now with 2 warps and 512-wide K steps too, against each shape's entry
+before: ``bench_draft.py --sweep --retune --narrow-only --sweep-models ... --sweep-tokens
+...`` (docs/BENCHMARKS.md, eighth session).
 """
 
 from __future__ import annotations
@@ -19,14 +24,14 @@ TUNED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, int, bool
     (1, 4096, 8192): (False, 8, 2048, 8, 3, 4, 0, False, True),  # Qwen3.5-397B fc, 3.06 TB/s
     (1, 5120, 6144): (False, 8, 1024, 4, 3, 4, 0, False, True),  # Qwen3.5-27B o, 3.11 TB/s
     (1, 5120, 10240): (False, 8, 2048, 8, 3, 4, 0, False, True),  # Qwen3.5-27B fc, 3.43 TB/s
-    (1, 5120, 17408): (False, 2, 2048, 8, 3, 12, 0, False, True),  # Qwen3.5-27B down, 3.26 TB/s
+    (1, 5120, 17408): (False, 8, 512, 2, 3, 4, 0, False, True),  # Qwen3.5-27B down, 3.44 TB/s (8th)
     (1, 9216, 2048): (False, 8, 1024, 4, 3, 12, 0, False, True),  # Qwen3-Next-80B qkv, 2.70 TB/s
-    (1, 14336, 5120): (False, 8, 1024, 4, 3, 4, 0, False, True),  # Qwen3.5-27B qkv, 3.28 TB/s
+    (1, 14336, 5120): (False, 8, 512, 2, 3, 8, 0, False, True),  # Qwen3.5-27B qkv, 3.60 TB/s (8th)
     (1, 17408, 4096): (False, 8, 1024, 4, 3, 4, 0, False, True),  # Qwen3.5-397B qkv, 3.49 TB/s
     (1, 32768, 2048): (False, 16, 256, 4, 4, 4, 0, False, False),  # Qwen3-Next-80B head32k, 3.42 TB/s
     (1, 32768, 4096): (False, 8, 2048, 8, 3, 4, 0, False, True),  # Qwen3.5-397B head32k, 3.83 TB/s
-    (1, 32768, 5120): (False, 8, 1024, 4, 3, 8, 0, False, True),  # Qwen3.5-27B head32k, 3.85 TB/s
-    (1, 34816, 5120): (False, 8, 1024, 4, 3, 16, 0, False, True),  # Qwen3.5-27B gate_up, 3.89 TB/s
+    (1, 32768, 5120): (False, 2, 512, 2, 3, 4, 0, False, True),  # Qwen3.5-27B head32k, 3.90 TB/s (8th)
+    (1, 34816, 5120): (False, 8, 512, 2, 3, 4, 0, False, True),  # Qwen3.5-27B gate_up, 4.01 TB/s (8th)
     (4, 1024, 2048): (False, 2, 1024, 4, 3, 4, 0, False, True),  # Qwen3-Next-80B shared_gate_up, 0.58 TB/s
     (4, 2048, 512): (False, 4, 1024, 4, 3, 16, 0, False, True),  # Qwen3-Next-80B shared_down, 0.30 TB/s
     (4, 2048, 4096): (False, 4, 1024, 4, 3, 4, 0, False, True),  # Qwen3.5-397B shared_gate_up, 1.26 TB/s

@@ -151,6 +151,7 @@ def test_skinny_split_k_matches_dequantized_reference(m: int, n: int, k: int, la
             (False, 0, False, True, base.block_k, base.warps),
             (False, 0, False, True, 1024, 4),  # block_k = 256 * warps: no layout exchange
             (False, 0, False, True, 2048, 8),
+            (False, 0, False, True, 512, 2),
             (False, 0, False, True, 64, 4),  # block_k < 256 * warps: an exchange, same result
         ):
             if narrow and m > 4:  # the narrow-load GEMV takes 1-4 tokens
@@ -206,7 +207,7 @@ def test_narrow_two_rows_matches_reference(m: int, n: int, k: int, layout: str) 
 
     x, w, s, b = _case(m, n, k, layout, bias=layout == "row")
     ref = _ref(x, w, s, b)
-    for block_k, warps in ((1024, 4), (2048, 8)):
+    for block_k, warps in ((512, 2), (1024, 4), (2048, 8)):
         for programs in (1, 1 << 20):
             cfg = ts.Config(False, 2, block_k, warps, 3, programs, narrow=True)
             y = ts.skinny_linear(x, w, s, b, config=cfg)
