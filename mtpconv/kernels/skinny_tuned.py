@@ -25,11 +25,11 @@ TUNED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, int, bool
     (1, 5120, 6144): (False, 8, 1024, 4, 3, 4, 0, False, True),  # Qwen3.5-27B o, 3.11 TB/s
     (1, 5120, 10240): (False, 8, 2048, 8, 3, 4, 0, False, True),  # Qwen3.5-27B fc, 3.43 TB/s
     (1, 5120, 17408): (False, 8, 512, 2, 3, 4, 0, False, True),  # Qwen3.5-27B down, 3.44 TB/s (8th)
-    (1, 9216, 2048): (False, 8, 1024, 4, 3, 12, 0, False, True),  # Qwen3-Next-80B qkv, 2.70 TB/s
+    (1, 9216, 2048): (False, 8, 1024, 4, 3, 16, 0, False, True),  # Qwen3-Next-80B qkv, 2.74 TB/s (8th)
     (1, 14336, 5120): (False, 8, 512, 2, 3, 8, 0, False, True),  # Qwen3.5-27B qkv, 3.60 TB/s (8th)
-    (1, 17408, 4096): (False, 8, 1024, 4, 3, 4, 0, False, True),  # Qwen3.5-397B qkv, 3.49 TB/s
-    (1, 32768, 2048): (False, 16, 256, 4, 4, 4, 0, False, False),  # Qwen3-Next-80B head32k, 3.42 TB/s
-    (1, 32768, 4096): (False, 8, 2048, 8, 3, 4, 0, False, True),  # Qwen3.5-397B head32k, 3.83 TB/s
+    (1, 17408, 4096): (False, 8, 1024, 4, 3, 16, 0, False, True),  # Qwen3.5-397B qkv, 3.53 TB/s (8th)
+    (1, 32768, 2048): (False, 8, 512, 2, 3, 16, 0, False, True),  # Qwen3-Next-80B head32k, 3.53 TB/s (8th)
+    (1, 32768, 4096): (False, 8, 2048, 8, 3, 12, 0, False, True),  # Qwen3.5-397B head32k, 3.84 TB/s (8th)
     (1, 32768, 5120): (False, 2, 512, 2, 3, 4, 0, False, True),  # Qwen3.5-27B head32k, 3.90 TB/s (8th)
     (1, 34816, 5120): (False, 8, 512, 2, 3, 4, 0, False, True),  # Qwen3.5-27B gate_up, 4.01 TB/s (8th)
     (4, 1024, 2048): (False, 2, 1024, 4, 3, 4, 0, False, True),  # Qwen3-Next-80B shared_gate_up, 0.58 TB/s
