@@ -261,7 +261,8 @@ FMA, DOT, DOT_FP8, FMA_NARROW = 0, 1, 2, 3
 
 
 def default_config(tokens: int, n: int, k: int, fp8: bool) -> tuple[int, int, int, int, int]:
-    """Best measured ``(BLOCK_N, BLOCK_K, warps, stages, mode)`` on the H200.
+    """Best measured ``(BLOCK_N, BLOCK_K, warps, stages, mode)`` on the H200 for experts
+    ``[E, n, k]`` (the measured rule depends on ``k`` and the precision only).
 
     One token, from ``scripts/sweep_moe.py --tokens 1`` (docs/BENCHMARKS.md, eighth
     session; 397B and Next-80B experts, both projections and precisions): the narrow-load
