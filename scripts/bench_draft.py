@@ -582,15 +582,26 @@ def dense_shapes(s: Shape) -> dict[str, tuple[int, int]]:
     return out
 
 
-def skinny_configs(t: int, sms: int, narrow_only: bool = False) -> list[Any]:
+def narrow_configs(t: int, sms: int) -> list[Any]:
+    """The narrow-load GEMV's swept configurations at ``t`` (1-4) tokens: block_k = 256 x
+    warps (no layout exchange in the K loop), 2-8 warps, 1-16 rows a program."""
     from mtpconv.kernels.triton_skinny import Config
 
+    tiles = [(bn, 512, 2) for bn in (2, 4, 8, 16)] + [(bn, 1024, 4) for bn in (1, 2, 4, 8)]
+    tiles += [(bn, 2048, 8) for bn in (2, 4, 8)]
+    progs = (4, 8, 12, 16) if t == 1 else (4, 8, 16)
+    return [Config(False, bn, bk, w, 3, p * sms, 0, False, True) for bn, bk, w in tiles for p in progs]
+
+
+def skinny_configs(t: int, sms: int, narrow_only: bool = False) -> list[Any]:
+    """The skinny GEMM's swept configurations at ``t`` tokens (``narrow_only``: those of
+    :func:`narrow_configs`)."""
+    from mtpconv.kernels.triton_skinny import Config
+
+    narrow = narrow_configs(t, sms) if t <= 4 else []
+    if narrow_only:
+        return narrow
     cfgs = []
-    if narrow_only:  # the narrow-load GEMV's configurations only (1-4 tokens), 2-8 warps
-        narrow = [(bn, 512, 2) for bn in (2, 4, 8, 16)] + [(bn, 1024, 4) for bn in (1, 2, 4, 8)]
-        narrow += [(bn, 2048, 8) for bn in (2, 4, 8)]
-        progs = (4, 8, 12, 16) if t == 1 else (4, 8, 16)
-        return [Config(False, bn, bk, w, 3, p * sms, 0, False, True) for bn, bk, w in narrow for p in progs]
     if t == 1:  # (TMA never won at one token in the sweeps of 2026-12-01: not swept there)
         shapes = [
             (4, 512, 4),
@@ -605,16 +616,7 @@ def skinny_configs(t: int, sms: int, narrow_only: bool = False) -> list[Any]:
             for progs in (4, 8, 12, 16):
                 for stages in (3, 4):
                     cfgs.append(Config(False, bn, bk, warps, stages, progs * sms, 0))
-        # narrow weight loads with block_k = 256 * warps: no layout exchange in the K loop
-        narrow = [(bn, 1024, 4) for bn in (1, 2, 4, 8)] + [(bn, 2048, 8) for bn in (2, 4, 8)]
-        for bn, bk, warps in narrow:
-            for progs in (4, 8, 12, 16):
-                cfgs.append(Config(False, bn, bk, warps, 3, progs * sms, 0, False, True))
-        return cfgs
-    narrow = [(bn, 1024, 4) for bn in (2, 4, 8)] + [(bn, 2048, 8) for bn in (2, 4)]
-    if t <= 4:  # the narrow-load GEMV, one accumulator per token
-        cfgs += [Config(False, bn, bk, w, 3, p * sms, 0, False, True) for bn, bk, w in narrow for p in (4, 8)]
-        cfgs += [Config(False, bn, bk, w, 3, 16 * sms, 0, False, True) for bn, bk, w in narrow]
+        return cfgs + narrow
     tiles = [
         (64, 128, 4, 4),
         (32, 256, 4, 2),
@@ -627,7 +629,7 @@ def skinny_configs(t: int, sms: int, narrow_only: bool = False) -> list[Any]:
         for stages in (3, 4):
             for tma in (False, True):
                 cfgs.append(Config(True, bn, bk, warps, stages, progs * sms, 2, tma))
-    return cfgs
+    return narrow + cfgs
 
 
 def time_configs(
