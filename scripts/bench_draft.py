@@ -693,6 +693,24 @@ def time_grouped(
     return time_configs(cfgs, run, len(id_sets), label)
 
 
+def moe_one_token_configs(fp8: bool, k: int) -> list[tuple[int, int, int, int, int]]:
+    """The grouped MoE kernel's swept configurations at one token, experts ``[E, N, k]``:
+    the MMA with the fewest and most warps, the CUDA-core FMA, and the narrow-load FMA with
+    block_k = 256 x warps (no layout exchange in the K loop), 2-8 warps, up to ``k``."""
+    from mtpconv.kernels import triton_moe
+
+    mma = triton_moe.DOT_FP8 if fp8 else triton_moe.DOT
+    out = [(bn, 128, warps, 3, mma) for bn in (64, 128) for warps in (4, 8)]
+    out += [(bn, bk, 4, 3, triton_moe.FMA) for bn in (8, 16, 32) for bk in (256, 512)]
+    out += [
+        (bn, 256 * warps, warps, 3, triton_moe.FMA_NARROW)
+        for warps in (2, 4, 8)
+        for bn in (2, 4, 8, 16, 32)
+        if 256 * warps <= k and bn * 256 * warps <= 32 * 1024
+    ]
+    return out
+
+
 def sweep(
     tokens_list: list[int], dev: torch.device, only: list[str] | None = None, narrow_only: bool = False
 ) -> list[dict[str, Any]]:
@@ -764,15 +782,7 @@ def sweep(
                     for mode in modes
                 ]
                 if t == 1:
-                    cfgs += [
-                        (bn, bk, 4, st, triton_moe.FMA)
-                        for bn in (8, 16, 32)
-                        for bk in (256, 512)
-                        for st in (3, 4)
-                    ]
-                    cfgs += [(bn, 1024, 4, 3, triton_moe.FMA_NARROW) for bn in (2, 4, 8, 16)]
-                    cfgs += [(bn, 2048, 8, 3, triton_moe.FMA_NARROW) for bn in (2, 4, 8)]
-
+                    cfgs += [c for c in moe_one_token_configs(fp8, ex.fp8.shape[2]) if c not in cfgs]
                 res = time_grouped(x, ex, fp8, act, id_sets, cfgs, f"moe {proj} T={t}")
                 res.sort(key=lambda r: r[0])
                 nbytes = distinct * ex.fp8[0].numel() * (1 if fp8 else 2)

@@ -41,33 +41,23 @@ MODE_TILES += [(64, 256, 8, 3), (128, 256, 8, 2), (32, 1024, 4, 2)]
 def configs(
     fp8: bool, tokens: int, k: int, modes: list[int] | None = None
 ) -> list[tuple[int, int, int, int, int]]:
-    """The swept configurations of experts ``[E, N, k]`` at ``tokens`` tokens: at 2+ tokens
-    the precision's MMA mode over a wide tile space, or ``MODE_TILES`` in each of
-    ``modes`` (``DOT_FP8``: FP8 experts only)."""
-    mode = triton_moe.DOT_FP8 if fp8 else triton_moe.DOT
+    """The swept configurations of experts ``[E, N, k]`` at ``tokens`` tokens: at one token
+    :func:`bench_draft.moe_one_token_configs`; at 2+ the precision's MMA mode over a wide
+    tile space, or ``MODE_TILES`` in each of ``modes`` (``DOT_FP8``: FP8 experts only)."""
+    if tokens == 1:
+        return bd.moe_one_token_configs(fp8, k)
     modes = [m for m in modes or [] if fp8 or m != triton_moe.DOT_FP8]
-    if tokens > 1 and modes:
+    if modes:
         return [(bn, bk, warps, stages, m) for m in modes for bn, bk, warps, stages in MODE_TILES]
-    if tokens > 1:
-        return [
-            (bn, bk, warps, stages, mode)
-            for bn in (32, 64, 128, 256)
-            for bk in (64, 128, 256)
-            for warps in (4, 8)
-            for stages in (3, 4)
-            if bn * bk <= 128 * 256
-        ]
-    # one token: the MMA with the fewest and most warps, CUDA-core FMA, and the narrow
-    # loads with block_k = 256 * warps (no layout exchange in the K loop) up to K
-    out = [(bn, 128, warps, 3, mode) for bn in (64, 128) for warps in (4, 8)]
-    out += [(bn, bk, 4, 3, triton_moe.FMA) for bn in (8, 16, 32) for bk in (256, 512)]
-    out += [
-        (bn, 256 * warps, warps, 3, triton_moe.FMA_NARROW)
-        for warps in (2, 4, 8)
-        for bn in (2, 4, 8, 16, 32)
-        if 256 * warps <= k and bn * 256 * warps <= 32 * 1024
+    mode = triton_moe.DOT_FP8 if fp8 else triton_moe.DOT
+    return [
+        (bn, bk, warps, stages, mode)
+        for bn in (32, 64, 128, 256)
+        for bk in (64, 128, 256)
+        for warps in (4, 8)
+        for stages in (3, 4)
+        if bn * bk <= 128 * 256
     ]
-    return out
 
 
 def main() -> None:
