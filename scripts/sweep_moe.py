@@ -72,8 +72,12 @@ def main() -> None:
         help=f"at 2+ tokens: these modes over MODE_TILES ({','.join(MODES)})",
     )
     args = ap.parse_args()
+    unknown = [m for m in args.modes.split(",") if m and m not in MODES]
+    unknown += [p for p in args.precisions.split(",") if p not in ("fp8", "bf16")]
+    if unknown:
+        ap.error(f"unknown mode or precision: {', '.join(unknown)}")
     modes = [MODES[m] for m in args.modes.split(",") if m]
-    precisions = [{"fp8": True, "bf16": False}[p] for p in args.precisions.split(",")]
+    precisions = [p == "fp8" for p in args.precisions.split(",")]
     dev = torch.device("cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device=dev).manual_seed(0)
