@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -193,15 +193,26 @@ def build_weights(s: Shape, dev: torch.device, seed: int, head_full: Linear | No
 LinearFn = Callable[[torch.Tensor, Linear], torch.Tensor]
 
 
-def variant_parts(variant: str) -> tuple[str, dict[str, str], bool]:
-    """``path[+nopdl|+pdl|+late][+shared]``: the path (an FP8 path or ``bf16``), the
-    environment of its kernels (none: the defaults) and whether the shared expert runs
-    inside the grouped MoE launches. ``+pdl`` / ``+late`` launch the Triton kernels with
-    programmatic dependent launch, dependents let in after the wait / after the main
-    loop; ``+nopdl`` without (:mod:`mtpconv.kernels.pdl`); ``+shared``: see :func:`step`."""
+class Variant(NamedTuple):
+    path: str  # an FP8 path, ``auto`` or ``bf16``
+    env: dict[str, str]  # the environment of its kernels (none: the defaults)
+    shared: bool  # the shared expert inside the grouped MoE launches
+    inreg: bool  # FP8 experts quantize their activations in registers, per K tile
+
+
+def variant_parts(variant: str) -> Variant:
+    """``path[+nopdl|+pdl|+late][+shared][+inreg]``: the path (an FP8 path or ``bf16``), the
+    environment of its kernels (none: the defaults), whether the shared expert runs
+    inside the grouped MoE launches, and how FP8 experts meet their activations. ``+pdl`` /
+    ``+late`` launch the Triton kernels with programmatic dependent launch, dependents let
+    in after the wait / after the main loop; ``+nopdl`` without (:mod:`mtpconv.kernels.pdl`);
+    ``+shared``: see :func:`step`; ``+inreg``: at 2+ tokens the FP8 experts quantize each
+    token's K tile in registers (the steps until the ninth session), where by default each
+    projection's input is quantized per token by a launch of its own
+    (:func:`mtpconv.kernels.triton_moe.routed_experts`)."""
     base, *mods = variant.split("+")
     env: dict[str, str] = {}
-    shared = False
+    shared = inreg = False
     for mod in mods:
         if mod == "nopdl":
             env[pdl.ENV] = "0"
@@ -211,9 +222,11 @@ def variant_parts(variant: str) -> tuple[str, dict[str, str], bool]:
             env[pdl.ENV] = "late"
         elif mod == "shared":
             shared = True
+        elif mod == "inreg":
+            inreg = True
         else:
             raise ValueError(f"unknown variant modifier {mod!r} in {variant!r}")
-    return base, env, shared
+    return Variant(base, env, shared, inreg)
 
 
 def is_bf16(variant: str) -> bool:
@@ -265,11 +278,12 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
     def w(e: Experts) -> tuple[torch.Tensor, torch.Tensor | None]:
         return (e.bf16, None) if is_bf16(variant) else (e.fp8, e.scale)
 
+    inreg = variant_parts(variant).inreg
+
     def grouped(
         h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts
     ) -> torch.Tensor:
-        y = triton_moe.moe_grouped(h, *w(gu), ids, x_per_pair=False)
-        return triton_moe.moe_grouped(y, *w(dn), ids, x_per_pair=True, act=True, route_w=tw)
+        return triton_moe.routed_experts(h, w(gu), w(dn), ids, tw, quantize=False if inreg else None)
 
     def pair(h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts) -> torch.Tensor:
         y = triton_moe.wo_moe(h, *w(gu), ids, x_per_pair=False)
@@ -468,7 +482,7 @@ def bench_model(
         for variant in variants:
             lin = linear_fn(variant, input_scale)
             moe = moe_fn(variant, moe_kind) if s.experts else None
-            shared = variant_parts(variant)[2] and s.experts > 0
+            shared = variant_parts(variant).shared and s.experts > 0
             for full_head in (True, False):
                 with variant_env(variant):
                     _, ids = step(s, sets[0], emb, hid, lin, moe, full_head, shared, glue)
@@ -678,17 +692,30 @@ def time_grouped(
     id_sets: list[torch.Tensor],
     cfgs: list[Any],
     label: str,
+    split: bool = False,
 ) -> list[tuple[float, Any]]:
     """:func:`time_configs` of grouped-MoE configurations: the experts ``ex`` (FP8 or BF16)
     on ``x`` (the down projection's ``[gate | up]`` pair rows when ``act``), one launch per
-    routing of ``id_sets``."""
-    from mtpconv.kernels import triton_moe
+    routing of ``id_sets``. ``split``: a launch of its own prepares each input first, timed
+    with it: FP8 experts take ``x`` quantized per token (SiLU * up applied there when
+    ``act``), as :func:`mtpconv.kernels.triton_moe.routed_experts` runs a projection; BF16
+    experts take SiLU * up from ``triton_glue.silu_mul`` (nothing to prepare without ``act``)."""
+    from mtpconv.kernels import triton_glue, triton_moe
+    from mtpconv.kernels.triton_quant import quant_per_token
 
     w, sc = (ex.fp8, ex.scale) if fp8 else (ex.bf16, None)
 
     def run(cfg: Any) -> None:
         for ids in id_sets:
-            triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=act, act=act, config=cfg)
+            if split and fp8:
+                q, qs = quant_per_token(x, act=act)
+                triton_moe.moe_grouped(
+                    q, w, sc, ids, x_per_pair=act, config=cfg, x_scale=qs, out_dtype=x.dtype
+                )
+            elif split and act:
+                triton_moe.moe_grouped(triton_glue.silu_mul(x), w, sc, ids, x_per_pair=True, config=cfg)
+            else:
+                triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=act, act=act, config=cfg)
 
     return time_configs(cfgs, run, len(id_sets), label)
 

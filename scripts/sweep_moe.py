@@ -60,6 +60,19 @@ def configs(
     ]
 
 
+def split_configs() -> list[tuple[int, int, int, int, int]]:
+    """The tiles swept with ``--split``: the MMA (``DOT``) on inputs prepared by a launch of
+    their own, FP8 or BF16, up to 32 KB of weights a stage."""
+    return [
+        (bn, bk, warps, stages, triton_moe.DOT)
+        for bn in (64, 128, 256)
+        for bk in (64, 128, 256)
+        for warps in (4, 8)
+        for stages in (3, 4)
+        if bn * bk <= 256 * 128
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -70,6 +83,12 @@ def main() -> None:
         "--modes",
         default="",
         help=f"at 2+ tokens: these modes over MODE_TILES ({','.join(MODES)})",
+    )
+    ap.add_argument(
+        "--split",
+        action="store_true",
+        help="at 2+ tokens: each input prepared by a launch of its own first (FP8: quantized per "
+        "token; BF16 down: SiLU * up), over the MMA tile space, beside the fused default",
     )
     args = ap.parse_args()
     unknown = [m for m in args.modes.split(",") if m and m not in MODES]
@@ -94,9 +113,19 @@ def main() -> None:
             for proj, ex, x, act in (("gate_up", ex_gu, h, False), ("down", ex_dn, y, True)):
                 for fp8 in precisions:
                     n, k = ex.fp8.shape[1:]
+                    label = f"{s.name} {proj} T={t}"
                     default = triton_moe.default_config(t, n, k, fp8)
-                    cfgs = [default] + [c for c in configs(fp8, t, k, modes) if c != default]
-                    res = bd.time_grouped(x, ex, fp8, act, id_sets, cfgs, f"{s.name} {proj} T={t}")
+                    fused_us = None
+                    if args.split and t > 1 and not (fp8 or act):
+                        continue  # BF16 gate_up: nothing to prepare
+                    if args.split and t > 1:
+                        fused_us = bd.time_grouped(x, ex, fp8, act, id_sets, [default], label)[0][0]
+                        default = triton_moe.default_config(t, n, k, fp8, fp8_x=fp8)
+                        cfgs = [default] + [c for c in split_configs() if c != default]
+                        res = bd.time_grouped(x, ex, fp8, act, id_sets, cfgs, label + " split", split=True)
+                    else:
+                        cfgs = [default] + [c for c in configs(fp8, t, k, modes) if c != default]
+                        res = bd.time_grouped(x, ex, fp8, act, id_sets, cfgs, label)
                     nbytes = distinct * n * k * (1 if fp8 else 2)
                     base = next((us for us, c in res if c == default), math.nan)  # nan: it failed
                     best_us, best = min(res, key=lambda r: r[0])
@@ -106,6 +135,8 @@ def main() -> None:
                         "precision": "fp8" if fp8 else "bf16",
                         "tokens": t,
                         "distinct_experts": distinct,
+                        "split": fused_us is not None,
+                        "fused_default_us": fused_us,
                         "default": list(default),
                         "default_us": base,
                         "best": list(best),
@@ -117,7 +148,8 @@ def main() -> None:
                     print(
                         f"{s.name} {proj} {row['precision']} T={t} ({distinct:.0f} experts): default "
                         f"{default} {base:.1f} us; best {best} {best_us:.1f} us "
-                        f"({row['best_tbps']:.2f} TB/s, {100 * (1 - best_us / base):.0f}% faster)",
+                        f"({row['best_tbps']:.2f} TB/s, {100 * (1 - best_us / base):.0f}% faster)"
+                        + (f"; fused default {fused_us:.1f} us" if fused_us is not None else ""),
                         flush=True,
                     )
                     (args.out / "sweep_moe.json").write_text(json.dumps(rows, indent=1))

@@ -134,6 +134,7 @@ def _moe_grouped_kernel(
     s_ptr,
     ids_ptr,
     rw_ptr,
+    xs_ptr,
     o_ptr,
     N,
     K,
@@ -156,6 +157,7 @@ def _moe_grouped_kernel(
     FP8_MMA: tl.constexpr,
     PDL: tl.constexpr,
     NARROW: tl.constexpr,
+    X_SCALE: tl.constexpr,
 ):
     # DOT=False (one token per expert at most, BLOCK_M == 1): FMA on CUDA cores with a
     # 2-D accumulator reduced once at the end, as the skinny GEMM does at one token.
@@ -163,7 +165,8 @@ def _moe_grouped_kernel(
     # quantized here with its own scale (as the skinny GEMM's MMA == 2), instead of
     # widening every weight tile to the activation dtype. NARROW (FMA only): 8-byte weight
     # loads whose layout is the activation row's, each thread summing its own 8 products
-    # (as the skinny GEMM's Config.narrow).
+    # (as the skinny GEMM's Config.narrow). X_SCALE: x is FP8 already, one scale per row
+    # (xs_ptr, applied in the epilogue), so the MMA takes it as it is and accumulates in place.
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
     if PDL:  # the ids and activations may come from the previous kernel (mtpconv.kernels.pdl)
@@ -246,6 +249,8 @@ def _moe_grouped_kernel(
             acc = tl.reshape(tl.sum(acc2, axis=1), (BLOCK_N, 1))
         if HAS_SCALE:
             acc = acc * tl.load(s_ptr + expert)
+        if X_SCALE:
+            acc = acc * tl.load(xs_ptr + rows, mask=valid, other=0.0)[None, :]
         if HAS_RW:
             acc = acc * tl.load(rw_ptr + slot_pair, mask=valid, other=0.0).to(tl.float32)[None, :]
         o_ptrs = o_ptr + slot_pair[None, :] * stride_om + offs_n[:, None]
@@ -258,9 +263,14 @@ GROUPED_MAX_TOKENS = 64  # tokens per launch the grouped kernel takes (one tile 
 # the config's last field: how a weight tile meets the tokens (FMA_NARROW: FMA with the
 # kernel's NARROW loads and in-thread sums)
 FMA, DOT, DOT_FP8, FMA_NARROW = 0, 1, 2, 3
+# FP8 experts meeting activations quantized per token before the launch (``x_scale``): the
+# MMA in FP8, accumulating in place. Not yet swept: a BF16 DOT tile of the same bytes.
+READY_CONFIG = (128, 128, 4, 3, DOT)
 
 
-def default_config(tokens: int, n: int, k: int, fp8: bool) -> tuple[int, int, int, int, int]:
+def default_config(
+    tokens: int, n: int, k: int, fp8: bool, fp8_x: bool = False
+) -> tuple[int, int, int, int, int]:
     """Best measured ``(BLOCK_N, BLOCK_K, warps, stages, mode)`` on the H200 for experts
     ``[E, n, k]`` (the measured rule depends on ``k`` and the precision only).
 
@@ -276,6 +286,8 @@ def default_config(tokens: int, n: int, k: int, fp8: bool) -> tuple[int, int, in
     every case; 4 warps lost up to 14% on the down projections); BF16 experts the BF16
     MMA with 64-wide K tiles where K <= 1024 (the down projections: within 4% of the best,
     where 128-wide tiles lost up to 23%), 128-wide ones above."""
+    if fp8_x:
+        return READY_CONFIG
     if tokens == 1:
         if k < 512:
             return 16, 256, 4, 3, FMA
@@ -297,6 +309,8 @@ def moe_grouped(
     act: bool = False,
     route_w: torch.Tensor | None = None,
     config: tuple[int, int, int, int, int] | None = None,
+    x_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Routed experts, each hit expert read once: output ``[T*topk, N]`` (row = pair).
 
@@ -307,7 +321,11 @@ def moe_grouped(
     ``[T, topk]`` or None. ``config``: ``(BLOCK_N, BLOCK_K, warps, stages, mode)``,
     mode ``FMA`` or ``FMA_NARROW`` (one token only; more run as ``DOT``), ``DOT`` (MMA in the activation
     dtype, weight-only numerics) or ``DOT_FP8`` (FP8 weights only: MMA in FP8 with
-    each token's K tile quantized in registers, W8A8 numerics).
+    each token's K tile quantized in registers, W8A8 numerics). ``x_scale`` ``[rows]`` or
+    ``[rows, 1]`` float32: ``x`` is FP8 already (``quant_per_token``; ``act`` then False, the
+    down projection's SiLU * up applied by the quantization), each row ``x * x_scale``; the
+    MMA takes FP8 weights and activations as they are and accumulates in place. The output
+    is ``out_dtype``, by default x's dtype (BF16 for FP8 activations).
     """
     ids = topk_ids.reshape(-1)
     t, topk = topk_ids.shape
@@ -316,6 +334,14 @@ def moe_grouped(
     width = 2 * k if act else k
     if x.shape[-1] != width or x.stride(-1) != 1:
         raise ValueError(f"moe_grouped: x {tuple(x.shape)} does not fit experts {tuple(w.shape)}")
+    fp8_x = x_scale is not None
+    if fp8_x and (x.dtype != torch.float8_e4m3fn or w.dtype != torch.float8_e4m3fn or act):
+        raise ValueError(
+            f"moe_grouped: x_scale takes FP8 activations ({x.dtype}) for FP8 experts ({w.dtype}), "
+            "their SiLU * up already applied"
+        )
+    if fp8_x and t > GROUPED_MAX_TOKENS:
+        raise ValueError(f"moe_grouped: FP8 activations take at most {GROUPED_MAX_TOKENS} tokens, got {t}")
     if t > GROUPED_MAX_TOKENS:
         xin = x
         if act:
@@ -323,12 +349,16 @@ def moe_grouped(
             xin = (torch.nn.functional.silu(g) * u).contiguous()
         y = wo_moe(xin, w, w_scale, topk_ids, x_per_pair=x_per_pair)
         return y if route_w is None else y * route_w.reshape(-1, 1).to(y.dtype)
-    out = torch.empty((pairs, n), dtype=x.dtype, device=x.device)
+    if out_dtype is None:
+        out_dtype = torch.bfloat16 if fp8_x else x.dtype
+    out = torch.empty((pairs, n), dtype=out_dtype, device=x.device)
     block_n, block_k, warps, stages, mode = (
-        config if config is not None else default_config(t, n, k, w.dtype == torch.float8_e4m3fn)
+        config if config is not None else default_config(t, n, k, w.dtype == torch.float8_e4m3fn, fp8_x)
     )
     if mode == DOT_FP8 and w.dtype != torch.float8_e4m3fn:
         raise ValueError(f"moe_grouped: the FP8 MMA needs FP8 experts, got {w.dtype}")
+    if mode == DOT_FP8 and fp8_x:
+        raise ValueError("moe_grouped: FP8 activations need no quantization in registers: take DOT")
     dot = mode not in (FMA, FMA_NARROW) or t > 1
     block_m = max(16, triton.next_power_of_2(t)) if dot else 1
     rw = route_w.reshape(-1).contiguous() if route_w is not None else ids
@@ -340,6 +370,7 @@ def moe_grouped(
         w_scale if w_scale is not None else ids,
         ids,
         rw,
+        x_scale.reshape(-1) if x_scale is not None else rw,
         out,
         n,
         k,
@@ -362,8 +393,40 @@ def moe_grouped(
         FP8_MMA=mode == DOT_FP8,
         PDL=pdl.value,
         NARROW=mode == FMA_NARROW and not dot,
+        X_SCALE=fp8_x,
         num_warps=warps,
         num_stages=stages,
         launch_pdl=pdl is not pdl_setting.Pdl.OFF,
     )
     return out
+
+
+def routed_experts(
+    h: torch.Tensor,
+    gate_up: tuple[torch.Tensor, torch.Tensor | None],
+    down: tuple[torch.Tensor, torch.Tensor | None],
+    topk_ids: torch.Tensor,
+    route_w: torch.Tensor | None,
+    *,
+    quantize: bool | None = None,
+) -> torch.Tensor:
+    """A MoE layer's routed experts, ``[T*topk, H]``, one row per (token, expert) pair with
+    its routing weight applied: ``gate_up`` and ``down`` are ``(weights [E, N, K], scale
+    [E] or None)``. With ``quantize`` (the default for FP8 experts at 2 to
+    ``GROUPED_MAX_TOKENS`` tokens) each projection's input is quantized per token first,
+    one small launch each (``quant_per_token``, the down projection's with SiLU * up), and
+    the FP8 MMA takes it as it is; otherwise each projection quantizes or widens its
+    activations inside ``moe_grouped``."""
+    t = topk_ids.shape[0]
+    fp8 = gate_up[0].dtype == torch.float8_e4m3fn and down[0].dtype == torch.float8_e4m3fn
+    if quantize is None:
+        quantize = fp8 and 1 < t <= GROUPED_MAX_TOKENS
+    if not quantize:
+        y = moe_grouped(h, *gate_up, topk_ids, x_per_pair=False)
+        return moe_grouped(y, *down, topk_ids, x_per_pair=True, act=True, route_w=route_w)
+    from mtpconv.kernels.triton_quant import quant_per_token
+
+    q, s = quant_per_token(h)
+    y = moe_grouped(q, *gate_up, topk_ids, x_per_pair=False, x_scale=s, out_dtype=h.dtype)
+    q, s = quant_per_token(y, act=True)
+    return moe_grouped(q, *down, topk_ids, x_per_pair=True, route_w=route_w, x_scale=s, out_dtype=h.dtype)

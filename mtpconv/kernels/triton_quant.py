@@ -40,11 +40,15 @@ def _quant_per_token_kernel(
     stride_qm,
     HAS_WS: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ACT: tl.constexpr,
 ):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_K)
     mask = offs < K
     x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    if ACT:  # the row holds [gate | up]: SiLU(gate) * up, rounded to x's dtype as a kernel writing it would
+        u = tl.load(x_ptr + row * stride_xm + K + offs, mask=mask, other=0.0).to(tl.float32)
+        x = (x / (1.0 + tl.exp(-x)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=0)
     scale = tl.maximum(amax, _TINY) / FP8_MAX
     q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
@@ -153,16 +157,22 @@ def _quant_tensor_once_kernel(
 
 
 def quant_per_token(
-    x: torch.Tensor, w_scale: torch.Tensor | None = None
+    x: torch.Tensor, w_scale: torch.Tensor | None = None, *, act: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-token FP8 quantization: ``(q [M, K], scale [M, 1] float32)``.
 
-    With ``w_scale`` (0-d) the returned scale is ``row_scale * w_scale``.
+    With ``w_scale`` (0-d) the returned scale is ``row_scale * w_scale``. With ``act`` the
+    rows are ``[gate | up]`` pairs of width ``2K`` and what is quantized is
+    ``SiLU(gate) * up`` in x's dtype (a MoE down projection's input).
     """
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m, k = x2.shape
+    if act:
+        if k % 2:
+            raise ValueError(f"quant_per_token: act needs [gate | up] rows of even width, got {k}")
+        k //= 2
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     block_k = triton.next_power_of_2(k)
@@ -177,6 +187,7 @@ def quant_per_token(
         q.stride(0),
         HAS_WS=w_scale is not None,
         BLOCK_K=block_k,
+        ACT=act,
         num_warps=warps,
     )
     return q, s

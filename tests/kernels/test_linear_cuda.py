@@ -328,6 +328,82 @@ def test_grouped_moe_fp8_mma_matches_reference(tokens: int) -> None:
         triton_moe.moe_grouped(x, deq.to(torch.bfloat16), None, ids, x_per_pair=False, config=mode)
 
 
+@pytest.mark.parametrize("tokens", [2, 5, 16, 64])
+def test_grouped_moe_fp8_activations_match_reference(tokens: int) -> None:
+    """FP8 activations quantized per token by a launch of their own (``quant_per_token``,
+    with SiLU * up for the down projection), then the FP8 MMA in place (``x_scale``): W8A8
+    error only, K no multiple of the tile, every tile the sweep tries; ``routed_experts``
+    takes that path by default at 2+ tokens and equals the two launches."""
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import triton_moe
+    from mtpconv.kernels.triton_quant import quant_per_token
+
+    g = torch.Generator().manual_seed(200 + tokens)
+    e, top, n, k = 24, 6, 192, 328
+    q = quantize_fp8(torch.randn(e, n, k, generator=g) * 0.05)
+    w, sc = q.weight.to(DEV), q.scale.to(DEV)
+    deq = (q.weight.double() * q.scale.double()[:, None, None]).to(DEV)
+    ids = torch.stack([torch.randperm(e, generator=g)[:top] for _ in range(tokens)]).to(DEV)
+    flat = ids.reshape(-1)
+    # rows from 1e-3 to 1e5: one scale per row keeps each within FP8's range
+    x = (
+        (torch.randn(tokens, k, generator=g) * torch.logspace(-3, 5, tokens)[:, None])
+        .to(torch.bfloat16)
+        .to(DEV)
+    )
+    xq, xs = quant_per_token(x)
+    ref = torch.einsum("pk,pnk->pn", x.double()[torch.arange(tokens * top, device=DEV) // top], deq[flat])
+    xp = torch.randn(tokens * top, 2 * k, generator=g).to(torch.bfloat16).to(DEV)
+    rw = torch.rand(tokens, top, generator=g).to(torch.bfloat16).to(DEV)
+    act = (torch.nn.functional.silu(xp[:, :k].float()) * xp[:, k:].float()).to(torch.bfloat16)
+    aq, as_ = quant_per_token(xp, act=True)
+    assert _rel(aq.double() * as_.double(), act.double()) < 6e-2
+    ref_act = torch.einsum("pk,pnk->pn", act.double(), deq[flat]) * rw.reshape(-1, 1).double()
+    for cfg in [triton_moe.READY_CONFIG, (64, 64, 4, 3, triton_moe.DOT), (256, 128, 8, 4, triton_moe.DOT)]:
+        out = triton_moe.moe_grouped(xq, w, sc, ids, x_per_pair=False, x_scale=xs, config=cfg)
+        assert out.dtype == torch.bfloat16
+        per_pair = (out.double() - ref).norm(dim=1) / ref.norm(dim=1)
+        assert float(per_pair.max()) < 6e-2, cfg  # every row, whatever its magnitude
+        out = triton_moe.moe_grouped(aq, w, sc, ids, x_per_pair=True, route_w=rw, x_scale=as_, config=cfg)
+        assert _rel(out, ref_act) < 6e-2, cfg
+    # routed_experts on a gate_up / down pair: the two quantizations and launches above
+    gu = quantize_fp8(torch.randn(e, 2 * 96, k, generator=g) * 0.05)
+    dn = quantize_fp8(torch.randn(e, k, 96, generator=g) * 0.05)
+    gu_w, gu_s, dn_w, dn_s = gu.weight.to(DEV), gu.scale.to(DEV), dn.weight.to(DEV), dn.scale.to(DEV)
+    got = triton_moe.routed_experts(x, (gu_w, gu_s), (dn_w, dn_s), ids, rw)
+    q1, s1 = quant_per_token(x)
+    y = triton_moe.moe_grouped(q1, gu_w, gu_s, ids, x_per_pair=False, x_scale=s1)
+    q2, s2 = quant_per_token(y, act=True)
+    two = triton_moe.moe_grouped(q2, dn_w, dn_s, ids, x_per_pair=True, route_w=rw, x_scale=s2)
+    assert torch.equal(got, two)
+    inreg = triton_moe.routed_experts(x, (gu_w, gu_s), (dn_w, dn_s), ids, rw, quantize=False)
+    assert _rel(got, inreg) < 6e-2
+
+
+def test_grouped_moe_fp8_activations_refuse_what_does_not_fit() -> None:
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import triton_moe
+    from mtpconv.kernels.triton_quant import quant_per_token
+
+    q = quantize_fp8(torch.randn(4, 64, 128) * 0.05)
+    w, sc = q.weight.to(DEV), q.scale.to(DEV)
+    ids = torch.tensor([[0, 1], [2, 3]], device=DEV)
+    x = torch.randn(2, 128, device=DEV).to(torch.bfloat16)
+    xq, xs = quant_per_token(x)
+    with pytest.raises(ValueError, match="FP8 activations"):
+        triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, x_scale=xs)
+    with pytest.raises(ValueError, match="FP8 activations"):
+        triton_moe.moe_grouped(xq, w.to(torch.bfloat16), None, ids, x_per_pair=False, x_scale=xs)
+    with pytest.raises(ValueError, match="no quantization in registers"):
+        triton_moe.moe_grouped(
+            xq, w, sc, ids, x_per_pair=False, x_scale=xs, config=(64, 128, 4, 3, triton_moe.DOT_FP8)
+        )
+    with pytest.raises(ValueError, match="even width"):
+        quant_per_token(torch.randn(2, 127, device=DEV).to(torch.bfloat16), act=True)
+
+
 def test_triton_gemv_and_dot_agree_for_few_tokens() -> None:
     if not triton_available():
         pytest.skip("needs triton")
