@@ -197,22 +197,22 @@ class Variant(NamedTuple):
     path: str  # an FP8 path, ``auto`` or ``bf16``
     env: dict[str, str]  # the environment of its kernels (none: the defaults)
     shared: bool  # the shared expert inside the grouped MoE launches
-    inreg: bool  # FP8 experts quantize their activations in registers, per K tile
+    fused: bool  # the grouped MoE kernel prepares its inputs itself (the steps until the ninth session)
 
 
 def variant_parts(variant: str) -> Variant:
-    """``path[+nopdl|+pdl|+late][+shared][+inreg]``: the path (an FP8 path or ``bf16``), the
+    """``path[+nopdl|+pdl|+late][+shared][+fused]``: the path (an FP8 path or ``bf16``), the
     environment of its kernels (none: the defaults), whether the shared expert runs
-    inside the grouped MoE launches, and how FP8 experts meet their activations. ``+pdl`` /
+    inside the grouped MoE launches, and who prepares the experts' inputs. ``+pdl`` /
     ``+late`` launch the Triton kernels with programmatic dependent launch, dependents let
     in after the wait / after the main loop; ``+nopdl`` without (:mod:`mtpconv.kernels.pdl`);
-    ``+shared``: see :func:`step`; ``+inreg``: at 2+ tokens the FP8 experts quantize each
-    token's K tile in registers (the steps until the ninth session), where by default each
-    projection's input is quantized per token by a launch of its own
-    (:func:`mtpconv.kernels.triton_moe.routed_experts`)."""
+    ``+shared``: see :func:`step`; ``+fused``: at 2+ tokens the grouped kernel applies SiLU *
+    up itself and FP8 experts quantize each token's K tile in registers (the steps until the
+    ninth session), where by default a launch of its own prepares each projection's input
+    (``split`` of :func:`mtpconv.kernels.triton_moe.routed_experts`)."""
     base, *mods = variant.split("+")
     env: dict[str, str] = {}
-    shared = inreg = False
+    shared = fused = False
     for mod in mods:
         if mod == "nopdl":
             env[pdl.ENV] = "0"
@@ -222,11 +222,11 @@ def variant_parts(variant: str) -> Variant:
             env[pdl.ENV] = "late"
         elif mod == "shared":
             shared = True
-        elif mod == "inreg":
-            inreg = True
+        elif mod == "fused":
+            fused = True
         else:
             raise ValueError(f"unknown variant modifier {mod!r} in {variant!r}")
-    return Variant(base, env, shared, inreg)
+    return Variant(base, env, shared, fused)
 
 
 def is_bf16(variant: str) -> bool:
@@ -236,7 +236,7 @@ def is_bf16(variant: str) -> bool:
 @contextlib.contextmanager
 def variant_env(variant: str) -> Iterator[None]:
     """The variant's kernel environment while its graphs are captured."""
-    _, env, _ = variant_parts(variant)
+    env = variant_parts(variant).env
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -278,12 +278,12 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
     def w(e: Experts) -> tuple[torch.Tensor, torch.Tensor | None]:
         return (e.bf16, None) if is_bf16(variant) else (e.fp8, e.scale)
 
-    inreg = variant_parts(variant).inreg
+    fused = variant_parts(variant).fused
 
     def grouped(
         h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts
     ) -> torch.Tensor:
-        return triton_moe.routed_experts(h, w(gu), w(dn), ids, tw, quantize=False if inreg else None)
+        return triton_moe.routed_experts(h, w(gu), w(dn), ids, tw, split=False if fused else None)
 
     def pair(h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts) -> torch.Tensor:
         y = triton_moe.wo_moe(h, *w(gu), ids, x_per_pair=False)

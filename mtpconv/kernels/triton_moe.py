@@ -263,16 +263,14 @@ GROUPED_MAX_TOKENS = 64  # tokens per launch the grouped kernel takes (one tile 
 # the config's last field: how a weight tile meets the tokens (FMA_NARROW: FMA with the
 # kernel's NARROW loads and in-thread sums)
 FMA, DOT, DOT_FP8, FMA_NARROW = 0, 1, 2, 3
-# FP8 experts meeting activations quantized per token before the launch (``x_scale``): the
-# MMA in FP8, accumulating in place. Not yet swept: a BF16 DOT tile of the same bytes.
-READY_CONFIG = (128, 128, 4, 3, DOT)
 
 
 def default_config(
-    tokens: int, n: int, k: int, fp8: bool, fp8_x: bool = False
+    tokens: int, n: int, k: int, fp8: bool, act: bool = False, fp8_x: bool = False
 ) -> tuple[int, int, int, int, int]:
     """Best measured ``(BLOCK_N, BLOCK_K, warps, stages, mode)`` on the H200 for experts
-    ``[E, n, k]`` (the measured rule depends on ``k`` and the precision only).
+    ``[E, n, k]`` (the measured rule depends on ``k``, the precision and what the kernel does
+    to its input: SiLU * up with ``act``, nothing with FP8 activations, ``fp8_x``).
 
     One token, from ``scripts/sweep_moe.py --tokens 1`` (docs/BENCHMARKS.md, eighth
     session; 397B and Next-80B experts, both projections and precisions): the narrow-load
@@ -280,23 +278,21 @@ def default_config(
     in all four FP8 cases (by 6-23% over the previous choice) and on the BF16 down
     projections (K <= 1024; by 3-22%); the BF16 gate_up projections keep 1024-wide K steps
     with 4 warps (within 1% of their best). Experts with K < 512 (not swept) take the
-    FMA. 2+ tokens, from ``scripts/sweep_moe.py --tokens 4,16``
-    (docs/BENCHMARKS.md, seventh session; both precisions, 397B and Next-80B experts): FP8
-    experts take the FP8 MMA with 128 x 128 tiles and 8 warps (within 1% of the best in
-    every case; 4 warps lost up to 14% on the down projections); BF16 experts the BF16
-    MMA with 64-wide K tiles where K <= 1024 (the down projections: within 4% of the best,
-    where 128-wide tiles lost up to 23%), 128-wide ones above."""
-    if fp8_x:
-        return READY_CONFIG
-    if tokens == 1:
+    FMA. 2+ tokens, from ``scripts/sweep_moe.py --tokens 4,16 --split`` (docs/BENCHMARKS.md,
+    ninth session): the MMA with 64 x 128 tiles, 4 warps and 3 stages on inputs that need
+    nothing more (FP8 activations quantized per token beforehand, BF16 ones without SiLU *
+    up), within 1.1% of the best of 32 tiles in all eight FP8 and four BF16 cases; BF16
+    experts with SiLU * up in the kernel 64 x 64 tiles (seventh session, within 4%); FP8
+    experts quantizing in registers 128 x 128 tiles with 8 warps (seventh session)."""
+    if tokens == 1 and not fp8_x:
         if k < 512:
             return 16, 256, 4, 3, FMA
         if fp8 or k <= 1024:
             return 8, 512, 2, 3, FMA_NARROW
         return 8, 1024, 4, 3, FMA_NARROW
-    if not fp8:
-        return 64, 64 if k <= 1024 else 128, 4, 3, DOT
-    return 128, 128, 8, 3, DOT_FP8
+    if fp8 and not fp8_x:
+        return 128, 128, 8, 3, DOT_FP8
+    return 64, 64 if act else 128, 4, 3, DOT
 
 
 def moe_grouped(
@@ -353,7 +349,7 @@ def moe_grouped(
         out_dtype = torch.bfloat16 if fp8_x else x.dtype
     out = torch.empty((pairs, n), dtype=out_dtype, device=x.device)
     block_n, block_k, warps, stages, mode = (
-        config if config is not None else default_config(t, n, k, w.dtype == torch.float8_e4m3fn, fp8_x)
+        config if config is not None else default_config(t, n, k, w.dtype == torch.float8_e4m3fn, act, fp8_x)
     )
     if mode == DOT_FP8 and w.dtype != torch.float8_e4m3fn:
         raise ValueError(f"moe_grouped: the FP8 MMA needs FP8 experts, got {w.dtype}")
@@ -408,22 +404,36 @@ def routed_experts(
     topk_ids: torch.Tensor,
     route_w: torch.Tensor | None,
     *,
-    quantize: bool | None = None,
+    split: bool | None = None,
 ) -> torch.Tensor:
     """A MoE layer's routed experts, ``[T*topk, H]``, one row per (token, expert) pair with
     its routing weight applied: ``gate_up`` and ``down`` are ``(weights [E, N, K], scale
-    [E] or None)``. With ``quantize`` (the default for FP8 experts at 2 to
-    ``GROUPED_MAX_TOKENS`` tokens) each projection's input is quantized per token first,
-    one small launch each (``quant_per_token``, the down projection's with SiLU * up), and
-    the FP8 MMA takes it as it is; otherwise each projection quantizes or widens its
-    activations inside ``moe_grouped``."""
+    [E] or None)``, both FP8 or both BF16.
+
+    ``split`` (the default at 2 to ``GROUPED_MAX_TOKENS`` tokens): a small launch of its
+    own prepares each input the grouped kernel reads, so that its K loop only loads and
+    multiplies. FP8 experts: each projection's input quantized per token
+    (``quant_per_token``, with SiLU * up for the down projection), the MMA in FP8 with
+    scales in the epilogue; BF16 experts: SiLU * up by ``triton_glue.silu_mul``. Without
+    it the grouped kernel applies SiLU * up to the down projection's input and FP8 experts
+    quantize each token's K tile in registers. Measured on the H200 (docs/BENCHMARKS.md,
+    ninth session, 397B and Next-80B experts at 4 and 16 tokens): split was 1-20% faster
+    per projection in FP8 and 5-9% on the BF16 down projections, the launch it adds
+    included."""
     t = topk_ids.shape[0]
-    fp8 = gate_up[0].dtype == torch.float8_e4m3fn and down[0].dtype == torch.float8_e4m3fn
-    if quantize is None:
-        quantize = fp8 and 1 < t <= GROUPED_MAX_TOKENS
-    if not quantize:
+    fp8 = gate_up[0].dtype == torch.float8_e4m3fn
+    if fp8 != (down[0].dtype == torch.float8_e4m3fn):
+        raise ValueError(f"routed_experts: gate_up {gate_up[0].dtype} and down {down[0].dtype} differ")
+    if split is None:
+        split = 1 < t <= GROUPED_MAX_TOKENS
+    if not split:
         y = moe_grouped(h, *gate_up, topk_ids, x_per_pair=False)
         return moe_grouped(y, *down, topk_ids, x_per_pair=True, act=True, route_w=route_w)
+    if not fp8:
+        from mtpconv.kernels.triton_glue import silu_mul
+
+        y = moe_grouped(h, *gate_up, topk_ids, x_per_pair=False)
+        return moe_grouped(silu_mul(y), *down, topk_ids, x_per_pair=True, route_w=route_w)
     from mtpconv.kernels.triton_quant import quant_per_token
 
     q, s = quant_per_token(h)

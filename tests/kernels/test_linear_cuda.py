@@ -360,7 +360,7 @@ def test_grouped_moe_fp8_activations_match_reference(tokens: int) -> None:
     aq, as_ = quant_per_token(xp, act=True)
     assert _rel(aq.double() * as_.double(), act.double()) < 6e-2
     ref_act = torch.einsum("pk,pnk->pn", act.double(), deq[flat]) * rw.reshape(-1, 1).double()
-    for cfg in [triton_moe.READY_CONFIG, (64, 64, 4, 3, triton_moe.DOT), (256, 128, 8, 4, triton_moe.DOT)]:
+    for cfg in [None, (64, 64, 4, 3, triton_moe.DOT), (256, 128, 8, 4, triton_moe.DOT)]:
         out = triton_moe.moe_grouped(xq, w, sc, ids, x_per_pair=False, x_scale=xs, config=cfg)
         assert out.dtype == torch.bfloat16
         per_pair = (out.double() - ref).norm(dim=1) / ref.norm(dim=1)
@@ -377,8 +377,15 @@ def test_grouped_moe_fp8_activations_match_reference(tokens: int) -> None:
     q2, s2 = quant_per_token(y, act=True)
     two = triton_moe.moe_grouped(q2, dn_w, dn_s, ids, x_per_pair=True, route_w=rw, x_scale=s2)
     assert torch.equal(got, two)
-    inreg = triton_moe.routed_experts(x, (gu_w, gu_s), (dn_w, dn_s), ids, rw, quantize=False)
-    assert _rel(got, inreg) < 6e-2
+    fused = triton_moe.routed_experts(x, (gu_w, gu_s), (dn_w, dn_s), ids, rw, split=False)
+    assert _rel(got, fused) < 6e-2
+    # BF16 experts: SiLU * up by a launch of its own, then the MMA; weight-only numerics
+    gu_b, dn_b = gu_w.to(torch.bfloat16), dn_w.to(torch.bfloat16)
+    got = triton_moe.routed_experts(x, (gu_b, None), (dn_b, None), ids, rw)
+    fused = triton_moe.routed_experts(x, (gu_b, None), (dn_b, None), ids, rw, split=False)
+    assert _rel(got, fused) < 1e-2
+    with pytest.raises(ValueError, match="differ"):
+        triton_moe.routed_experts(x, (gu_w, gu_s), (dn_b, None), ids, rw)
 
 
 def test_grouped_moe_fp8_activations_refuse_what_does_not_fit() -> None:
