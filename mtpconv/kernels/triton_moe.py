@@ -6,9 +6,13 @@
   whether it is its expert's first (token, expert) pair among all pairs and
   gathers the expert's tokens itself. Optionally fuses SiLU(gate) * up into
   the load of the down projection's input and the routing weight into the
-  epilogue. Weights ``[E, N, K]``: FP8 with one scale per expert, or BF16.
-  With ``MTPCONV_PDL`` set (:mod:`mtpconv.kernels.pdl`; off by default) it is
-  launched with programmatic dependent launch and waits for the previous kernel first.
+  epilogue. Weights ``[E, N, K]``: FP8 with one scale per expert, or BF16. FP8
+  experts also take FP8 activations with one scale per row (``x_scale``), which the
+  MMA reads as they are. With ``MTPCONV_PDL`` set (:mod:`mtpconv.kernels.pdl`; off by
+  default) it is launched with programmatic dependent launch and waits for the previous
+  kernel first.
+* ``routed_experts``: a MoE layer's two projections; at 2+ tokens a small launch of its
+  own prepares each projection's input first (per-token FP8 quantization, SiLU * up).
 * ``wo_moe``: one GEMV per (token, expert) pair (re-reads an expert for every
   token routed to it); kept as the measured baseline.
 """
