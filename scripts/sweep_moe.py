@@ -87,8 +87,9 @@ def main() -> None:
     ap.add_argument(
         "--split",
         action="store_true",
-        help="at 2+ tokens: each input prepared by a launch of its own first (FP8: quantized per "
-        "token; BF16 down: SiLU * up), over the MMA tile space, beside the fused default",
+        help="each input prepared by a launch of its own first (FP8 at 2+ tokens: quantized per "
+        "token; else the down projection's SiLU * up), over the MMA tile space (one token: its "
+        "CUDA-core modes), beside the fused default",
     )
     args = ap.parse_args()
     unknown = [m for m in args.modes.split(",") if m and m not in MODES]
@@ -116,12 +117,17 @@ def main() -> None:
                     label = f"{s.name} {proj} T={t}"
                     default = triton_moe.default_config(t, n, k, fp8)
                     fused_us = None
-                    if args.split and t > 1 and not (fp8 or act):
-                        continue  # BF16 gate_up: nothing to prepare
-                    if args.split and t > 1:
+                    if args.split and not act and (t == 1 or not fp8):
+                        continue  # nothing to prepare: a gate_up projection in BF16 or at one token
+                    if args.split:
                         fused_us = bd.time_grouped(x, ex, fp8, act, id_sets, [default], label)[0][0]
-                        default = triton_moe.default_config(t, n, k, fp8, fp8_x=fp8)
-                        cfgs = [default] + [c for c in split_configs() if c != default]
+                        if t == 1:  # SiLU * up alone: the FMA modes read the experts' own precision
+                            cfgs = bd.moe_one_token_configs(fp8, k)
+                            default = triton_moe.default_config(t, n, k, fp8)
+                        else:
+                            default = triton_moe.default_config(t, n, k, fp8, fp8_x=fp8)
+                            cfgs = split_configs()
+                        cfgs = [default] + [c for c in cfgs if c != default]
                         res = bd.time_grouped(x, ex, fp8, act, id_sets, cfgs, label + " split", split=True)
                     else:
                         cfgs = [default] + [c for c in configs(fp8, t, k, modes) if c != default]
