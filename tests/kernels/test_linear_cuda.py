@@ -377,8 +377,18 @@ def test_grouped_moe_fp8_activations_match_reference(tokens: int) -> None:
     q2, s2 = quant_per_token(y, act=True)
     two = triton_moe.moe_grouped(q2, dn_w, dn_s, ids, x_per_pair=True, route_w=rw, x_scale=s2)
     assert torch.equal(got, two)
+    # both FP8 chains against a float64 one on the dequantized experts (the activations
+    # rounded to BF16 where the kernels write them): two W8A8 stages, each within 6e-2
+    # above, so the chain's bound is 8e-2
+    gu_deq = (gu.weight.double() * gu.scale.double()[:, None, None]).to(DEV)
+    dn_deq = (dn.weight.double() * dn.scale.double()[:, None, None]).to(DEV)
+    pair_x = x.double()[torch.arange(tokens * top, device=DEV) // top]
+    y_ref = torch.einsum("pk,pnk->pn", pair_x, gu_deq[flat]).to(torch.bfloat16).float()
+    a_ref = (torch.nn.functional.silu(y_ref[:, :96]) * y_ref[:, 96:]).to(torch.bfloat16).double()
+    chain_ref = torch.einsum("pk,pnk->pn", a_ref, dn_deq[flat]) * rw.reshape(-1, 1).double()
     fused = triton_moe.routed_experts(x, (gu_w, gu_s), (dn_w, dn_s), ids, rw, split=False)
-    assert _rel(got, fused) < 6e-2
+    errors = (_rel(got, chain_ref), _rel(fused, chain_ref))
+    assert max(errors) < 8e-2, errors
     # BF16 experts: SiLU * up by a launch of its own, then the MMA; weight-only numerics
     gu_b, dn_b = gu_w.to(torch.bfloat16), dn_w.to(torch.bfloat16)
     got = triton_moe.routed_experts(x, (gu_b, None), (dn_b, None), ids, rw)
