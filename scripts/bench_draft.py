@@ -273,7 +273,7 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
     (with a ``+shared`` variant the shared expert comes as one more expert that every
     token picks: :func:`step`); ``pair``: one GEMV per (token, expert) pair (the earlier
     kernel)."""
-    from mtpconv.kernels import triton_moe
+    from mtpconv.kernels import triton_moe, triton_moe_pairs
 
     def w(e: Experts) -> tuple[torch.Tensor, torch.Tensor | None]:
         return (e.bf16, None) if is_bf16(variant) else (e.fp8, e.scale)
@@ -286,8 +286,8 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
         return triton_moe.routed_experts(h, w(gu), w(dn), ids, tw, split=False if fused else None)
 
     def pair(h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts) -> torch.Tensor:
-        y = triton_moe.wo_moe(h, *w(gu), ids, x_per_pair=False)
-        d = triton_moe.wo_moe(silu_mul(y), *w(dn), ids, x_per_pair=True)
+        y = triton_moe_pairs.wo_moe(h, *w(gu), ids, x_per_pair=False)
+        d = triton_moe_pairs.wo_moe(silu_mul(y), *w(dn), ids, x_per_pair=True)
         return d * tw.reshape(-1, 1)
 
     return pair if kind == "pair" else grouped
