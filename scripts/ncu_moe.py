@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_draft as bd  # noqa: E402
+from ncu_linears import profile_once  # noqa: E402
 
 from mtpconv.kernels import triton_moe  # noqa: E402
 
@@ -67,18 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=DEFAULT_CASES, help="model:projection:tokens, comma-separated")
     ap.add_argument("--precisions", default="fp8,bf16")
     args = ap.parse_args(argv)
-    todo = cases(args.cases, [p == "fp8" for p in args.precisions.split(",")])
-    for _, fn in todo:
-        fn()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for name, fn in todo:
-        torch.cuda.nvtx.range_push(name)
-        fn()
-        torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
-    print("profiled, in order:", ", ".join(name for name, _ in todo))
+    profile_once(cases(args.cases, [p == "fp8" for p in args.precisions.split(",")]))
     return 0
 
 
