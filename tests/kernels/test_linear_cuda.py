@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtpconv.formats.fp8 import quantize_fp8
+from mtpconv.formats.fp8 import Fp8Tensor, quantize_fp8
 from mtpconv.formats.nvfp4 import dequantize_nvfp4
 from mtpconv.kernels import Fp8Path, available_paths, fp8_linear, reference, triton_available
 from mtpconv.kernels.linear import run_path
@@ -298,6 +298,21 @@ def test_grouped_moe_one_token_fma_modes_match_reference(fp8: bool, k: int) -> N
         assert _rel(out, ref_act) < 1e-2, cfg
 
 
+def _dequantized(q: Fp8Tensor) -> torch.Tensor:
+    """float64 experts ``[E, N, K]`` from a quantize_fp8 result with one scale per expert, on DEV."""
+    return (q.weight.double() * q.scale.double()[:, None, None]).to(DEV)
+
+
+def _fp8_experts(
+    g: torch.Generator, tokens: int, top: int, n: int, k: int, e: int = 24
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random FP8 experts ``[e, n, k]`` on DEV (weights, scales), their float64
+    dequantization and a routing of ``tokens`` tokens to ``top`` distinct experts each."""
+    q = quantize_fp8(torch.randn(e, n, k, generator=g) * 0.05)
+    ids = torch.stack([torch.randperm(e, generator=g)[:top] for _ in range(tokens)]).to(DEV)
+    return q.weight.to(DEV), q.scale.to(DEV), _dequantized(q), ids
+
+
 @pytest.mark.parametrize("tokens", [2, 5, 16])
 def test_grouped_moe_fp8_mma_matches_reference(tokens: int) -> None:
     """The FP8-MMA mode (tokens quantized per K tile in registers): W8A8 error only,
@@ -307,11 +322,8 @@ def test_grouped_moe_fp8_mma_matches_reference(tokens: int) -> None:
     from mtpconv.kernels import triton_moe
 
     g = torch.Generator().manual_seed(100 + tokens)
-    e, top, n, k = 24, 6, 192, 328
-    q = quantize_fp8(torch.randn(e, n, k, generator=g) * 0.05)
-    w, sc = q.weight.to(DEV), q.scale.to(DEV)
-    deq = (q.weight.double() * q.scale.double()[:, None, None]).to(DEV)
-    ids = torch.stack([torch.randperm(e, generator=g)[:top] for _ in range(tokens)]).to(DEV)
+    top, n, k = 6, 192, 328
+    w, sc, deq, ids = _fp8_experts(g, tokens, top, n, k)
     flat = ids.reshape(-1)
     mode = (64, 128, 4, 3, triton_moe.DOT_FP8)
     x = torch.randn(tokens, k, generator=g).to(torch.bfloat16).to(DEV)
@@ -341,10 +353,7 @@ def test_grouped_moe_fp8_activations_match_reference(tokens: int) -> None:
 
     g = torch.Generator().manual_seed(200 + tokens)
     e, top, n, k = 24, 6, 192, 328
-    q = quantize_fp8(torch.randn(e, n, k, generator=g) * 0.05)
-    w, sc = q.weight.to(DEV), q.scale.to(DEV)
-    deq = (q.weight.double() * q.scale.double()[:, None, None]).to(DEV)
-    ids = torch.stack([torch.randperm(e, generator=g)[:top] for _ in range(tokens)]).to(DEV)
+    w, sc, deq, ids = _fp8_experts(g, tokens, top, n, k, e)
     flat = ids.reshape(-1)
     # rows from 1e-3 to 1e5: one scale per row keeps each within FP8's range
     x = (
@@ -380,8 +389,7 @@ def test_grouped_moe_fp8_activations_match_reference(tokens: int) -> None:
     # both FP8 chains against a float64 one on the dequantized experts (the activations
     # rounded to BF16 where the kernels write them): two W8A8 stages, each within 6e-2
     # above, so the chain's bound is 8e-2
-    gu_deq = (gu.weight.double() * gu.scale.double()[:, None, None]).to(DEV)
-    dn_deq = (dn.weight.double() * dn.scale.double()[:, None, None]).to(DEV)
+    gu_deq, dn_deq = _dequantized(gu), _dequantized(dn)
     pair_x = x.double()[torch.arange(tokens * top, device=DEV) // top]
     y_ref = torch.einsum("pk,pnk->pn", pair_x, gu_deq[flat]).to(torch.bfloat16).float()
     a_ref = (torch.nn.functional.silu(y_ref[:, :96]) * y_ref[:, 96:]).to(torch.bfloat16).double()
