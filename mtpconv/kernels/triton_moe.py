@@ -186,8 +186,10 @@ def default_config(
     ninth session): the MMA with 64 x 128 tiles, 4 warps and 3 stages on inputs that need
     nothing more (FP8 activations quantized per token beforehand, BF16 ones without SiLU *
     up), within 1.1% of the best of 32 tiles in all eight FP8 and four BF16 cases; BF16
-    experts with SiLU * up in the kernel 64 x 64 tiles (seventh session, within 4%); FP8
-    experts quantizing in registers 128 x 128 tiles with 8 warps (seventh session)."""
+    experts with SiLU * up in the kernel 64-wide K tiles where K <= 1024 (the down
+    projections: within 4% of the best, where 128-wide tiles lost up to 23%; seventh
+    session), 128-wide ones above; FP8 experts quantizing in registers 128 x 128 tiles with
+    8 warps (within 1% of the best; seventh session)."""
     if tokens == 1 and not fp8_x:
         if k < 512:
             return 16, 256, 4, 3, FMA
@@ -196,7 +198,7 @@ def default_config(
         return 8, 1024, 4, 3, FMA_NARROW
     if fp8 and not fp8_x:
         return 128, 128, 8, 3, DOT_FP8
-    return 64, 64 if act else 128, 4, 3, DOT
+    return 64, 64 if act and k <= 1024 else 128, 4, 3, DOT
 
 
 def moe_grouped(
