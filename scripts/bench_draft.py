@@ -697,26 +697,15 @@ def time_grouped(
     """:func:`time_configs` of grouped-MoE configurations: the experts ``ex`` (FP8 or BF16)
     on ``x`` (the down projection's ``[gate | up]`` pair rows when ``act``), one launch per
     routing of ``id_sets``. ``split``: a launch of its own prepares each input first, timed
-    with it: FP8 experts at 2+ tokens take ``x`` quantized per token (SiLU * up applied
-    there when ``act``), as :func:`mtpconv.kernels.triton_moe.routed_experts` runs a
-    projection; otherwise SiLU * up comes from ``triton_glue.silu_mul`` (nothing to prepare
-    without ``act``)."""
-    from mtpconv.kernels import triton_glue, triton_moe
-    from mtpconv.kernels.triton_quant import quant_per_token
+    with it (:func:`mtpconv.kernels.triton_moe.moe_projection`, as ``routed_experts`` runs
+    a projection)."""
+    from mtpconv.kernels import triton_moe
 
     w, sc = (ex.fp8, ex.scale) if fp8 else (ex.bf16, None)
 
     def run(cfg: Any) -> None:
         for ids in id_sets:
-            if split and fp8 and ids.shape[0] > 1:
-                q, qs = quant_per_token(x, act=act)
-                triton_moe.moe_grouped(
-                    q, w, sc, ids, x_per_pair=act, config=cfg, x_scale=qs, out_dtype=x.dtype
-                )
-            elif split and act:
-                triton_moe.moe_grouped(triton_glue.silu_mul(x), w, sc, ids, x_per_pair=True, config=cfg)
-            else:
-                triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=act, act=act, config=cfg)
+            triton_moe.moe_projection(x, w, sc, ids, x_per_pair=act, act=act, split=split, config=cfg)
 
     return time_configs(cfgs, run, len(id_sets), label)
 

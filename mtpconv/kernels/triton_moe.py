@@ -11,8 +11,9 @@
   MMA reads as they are. With ``MTPCONV_PDL`` set (:mod:`mtpconv.kernels.pdl`; off by
   default) it is launched with programmatic dependent launch and waits for the previous
   kernel first.
-* ``routed_experts``: a MoE layer's two projections; at 2+ tokens a small launch of its
-  own prepares each projection's input first (per-token FP8 quantization, SiLU * up).
+* ``moe_projection`` / ``routed_experts``: one projection / a MoE layer's two; with
+  ``split`` (the layer's default at 2+ tokens) a small launch of its own prepares each
+  projection's input first (per-token FP8 quantization, SiLU * up).
 * ``wo_moe`` (:mod:`mtpconv.kernels.triton_moe_pairs`): one GEMV per (token, expert)
   pair, the measured baseline; ``moe_grouped`` falls back to it beyond
   ``GROUPED_MAX_TOKENS`` tokens.
@@ -303,6 +304,42 @@ def moe_grouped(
     return out
 
 
+def moe_projection(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor | None,
+    topk_ids: torch.Tensor,
+    *,
+    x_per_pair: bool,
+    act: bool = False,
+    route_w: torch.Tensor | None = None,
+    split: bool = False,
+    config: tuple[int, int, int, int, int] | None = None,
+) -> torch.Tensor:
+    """One projection of routed experts, as :func:`moe_grouped` (arguments alike). ``split``:
+    a small launch of its own prepares ``x`` first, so that the grouped kernel's K loop
+    only loads and multiplies: FP8 experts at 2+ tokens take ``x`` quantized per token
+    (``quant_per_token``, SiLU * up applied there with ``act``; the MMA in FP8, scales in
+    the epilogue); otherwise SiLU * up comes from ``triton_glue.silu_mul`` (nothing to
+    prepare without ``act``). Without it the grouped kernel applies SiLU * up itself and
+    FP8 experts quantize each token's K tile in registers."""
+    if split and w.dtype == torch.float8_e4m3fn and topk_ids.shape[0] > 1:
+        from mtpconv.kernels.triton_quant import quant_per_token
+
+        q, s = quant_per_token(x, act=act)
+        return moe_grouped(
+            q, w, w_scale, topk_ids, x_per_pair=x_per_pair, route_w=route_w, config=config,
+            x_scale=s, out_dtype=x.dtype,
+        )  # fmt: skip
+    if split and act:
+        from mtpconv.kernels.triton_glue import silu_mul
+
+        x, act = silu_mul(x), False
+    return moe_grouped(
+        x, w, w_scale, topk_ids, x_per_pair=x_per_pair, act=act, route_w=route_w, config=config
+    )
+
+
 def routed_experts(
     h: torch.Tensor,
     gate_up: tuple[torch.Tensor, torch.Tensor | None],
@@ -316,33 +353,18 @@ def routed_experts(
     its routing weight applied: ``gate_up`` and ``down`` are ``(weights [E, N, K], scale
     [E] or None)``, both FP8 or both BF16.
 
-    ``split`` (the default at 2 to ``GROUPED_MAX_TOKENS`` tokens): a small launch of its
-    own prepares each input the grouped kernel reads, so that its K loop only loads and
-    multiplies. FP8 experts: each projection's input quantized per token
-    (``quant_per_token``, with SiLU * up for the down projection), the MMA in FP8 with
-    scales in the epilogue; BF16 experts: SiLU * up by ``triton_glue.silu_mul``. Without
-    it the grouped kernel applies SiLU * up to the down projection's input and FP8 experts
-    quantize each token's K tile in registers. Measured on the H200 (docs/BENCHMARKS.md,
-    ninth session, 397B and Next-80B experts at 4 and 16 tokens): split was 1-20% faster
-    per projection in FP8 and 5-9% on the BF16 down projections, the launch it adds
-    included."""
+    ``split`` (the default at 2 to ``GROUPED_MAX_TOKENS`` tokens): each projection's input
+    prepared by a launch of its own (:func:`moe_projection`): FP8 experts take it quantized
+    per token, with SiLU * up for the down projection; BF16 experts take SiLU * up from
+    ``triton_glue.silu_mul``. Measured on the H200 (docs/BENCHMARKS.md, ninth session,
+    397B and Next-80B experts at 4 and 16 tokens): split was 1-20% faster per projection in
+    FP8 and 5-9% on the BF16 down projections, the launch it adds included; at one token
+    preparing SiLU * up alone won nothing."""
     t = topk_ids.shape[0]
     fp8 = gate_up[0].dtype == torch.float8_e4m3fn
     if fp8 != (down[0].dtype == torch.float8_e4m3fn):
         raise ValueError(f"routed_experts: gate_up {gate_up[0].dtype} and down {down[0].dtype} differ")
     if split is None:
         split = 1 < t <= GROUPED_MAX_TOKENS
-    if not split:
-        y = moe_grouped(h, *gate_up, topk_ids, x_per_pair=False)
-        return moe_grouped(y, *down, topk_ids, x_per_pair=True, act=True, route_w=route_w)
-    if not fp8:
-        from mtpconv.kernels.triton_glue import silu_mul
-
-        y = moe_grouped(h, *gate_up, topk_ids, x_per_pair=False)
-        return moe_grouped(silu_mul(y), *down, topk_ids, x_per_pair=True, route_w=route_w)
-    from mtpconv.kernels.triton_quant import quant_per_token
-
-    q, s = quant_per_token(h)
-    y = moe_grouped(q, *gate_up, topk_ids, x_per_pair=False, x_scale=s, out_dtype=h.dtype)
-    q, s = quant_per_token(y, act=True)
-    return moe_grouped(q, *down, topk_ids, x_per_pair=True, route_w=route_w, x_scale=s, out_dtype=h.dtype)
+    y = moe_projection(h, *gate_up, topk_ids, x_per_pair=False, split=split)
+    return moe_projection(y, *down, topk_ids, x_per_pair=True, act=True, route_w=route_w, split=split)
