@@ -10,6 +10,12 @@ one it replaced (``fused_two_pass``), and ``scaled_mm_static`` (a calibrated sca
 bound for any dynamic scale); then each activation-quantization kernel alone.
 ``--per-row``: distinct per-row weight scales, as vLLM's fused q/k/v and gate/up carry
 (no static path then). The source of ``mtpconv.kernels.linear.SCALED_MM_SHAPES``.
+
+``--prepared``: activations quantized per token before the linear (as a producer of the
+activation would), side by side with ``fp8_linear``'s own path on the BF16 activation:
+the per-token quantization alone, the skinny GEMM on the FP8 activation
+(``skinny_linear(x_scale=...)``) at its default configuration and at each of
+:func:`prepared_configs`, and row-wise ``torch._scaled_mm`` on the same activation.
 """
 
 from __future__ import annotations
@@ -54,13 +60,87 @@ def time_quant(fn: QuantFn, x: torch.Tensor, reps: int = 20) -> float:
     return bd.time_graph(lambda: [fn(x) for _ in range(reps)], reps=1) / reps
 
 
+def prepared_configs(sms: int) -> list[Any]:
+    """The skinny GEMM's swept configurations on prepared FP8 activations."""
+    from mtpconv.kernels.triton_skinny import MMA_PREPARED, Config
+
+    tiles = [(64, 128, 4, 4), (64, 256, 4, 2), (128, 128, 4, 2), (32, 256, 4, 4), (128, 256, 8, 2)]
+    return [
+        Config(True, bn, bk, warps, stages, progs * sms, MMA_PREPARED, tma)
+        for bn, bk, warps, progs in tiles
+        for stages in (3, 4)
+        for tma in (False, True)
+    ]
+
+
+def prepared(tokens: list[int]) -> None:
+    """``--prepared``: see the module's docstring. One line per (linear, tokens)."""
+    from mtpconv.kernels import triton_skinny
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    cfgs = prepared_configs(triton_skinny.sm_count(dev.index or 0))
+    seen: set[tuple[int, int]] = set()
+    for s in bd.SHAPES.values():
+        for name, (n, k) in bd.dense_shapes(s).items():
+            if (n, k) not in seen:
+                seen.add((n, k))
+                copies = max(2, math.ceil(bd.L2_SAFE_BYTES / (n * k)))
+                ws = [bd.Linear.make(n, k, dev, gen) for _ in range(copies)]
+                for t in tokens:
+                    x = torch.randn(t, k, device=dev, generator=gen).to(torch.bfloat16)
+                    print(f"{s.name} {name} {n}x{k} T={t}: " + prepared_line(x, ws, cfgs), flush=True)
+                del ws
+                torch.cuda.empty_cache()
+
+
+def prepared_line(x: torch.Tensor, ws: list[bd.Linear], cfgs: list[Any]) -> str:
+    """One linear on ``x`` over the weight copies ``ws``, each way of ``--prepared``."""
+    from mtpconv.kernels import fp8_linear, reference, triton_skinny
+
+    n, k = ws[0].fp8.shape
+    q, sx = triton_quant.quant_per_token(x)
+    ones = torch.ones((1, n), dtype=torch.float32, device=x.device)
+
+    def auto() -> None:
+        for w in ws:
+            fp8_linear(x, w.fp8, w.scale)
+
+    def skinny(cfg: Any) -> None:
+        for w in ws:
+            triton_skinny.skinny_linear(q, w.fp8, w.scale, config=cfg, x_scale=sx, out_dtype=x.dtype)
+
+    def rowwise() -> None:
+        for w in ws:
+            reference.scaled_mm(q, w.fp8, sx, ones, None, x.dtype)
+
+    label = f"{n}x{k} T={x.shape[0]}"
+    swept = sorted(bd.time_configs(cfgs, skinny, len(ws), label), key=lambda r: r[0])
+    best_us, best_cfg = swept[0] if swept else (math.nan, None)
+    us = {
+        "auto": bd.time_graph(auto, reps=1) / len(ws),
+        "prepared_default": bd.time_graph(functools.partial(skinny, None), reps=1) / len(ws),
+        "prepared_best": best_us,
+        "scaled_mm_rowwise": bd.time_graph(rowwise, reps=1) / len(ws),
+    }
+    quant = time_quant(triton_quant.quant_per_token, x)
+    return (
+        " ".join(f"{p}={v:.1f}" for p, v in us.items())
+        + f" quant_per_token={quant:.2f} | best {n * k / 1e6 / best_us:.2f} TB/s {best_cfg}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="2,4,8,16")
     ap.add_argument(
         "--per-row", action="store_true", help="distinct per-row weight scales, as fused shards carry"
     )
+    ap.add_argument("--prepared", action="store_true", help="activations quantized per token beforehand")
     args = ap.parse_args(argv)
+    if args.prepared:
+        prepared([int(v) for v in args.tokens.split(",")])
+        return 0
     paths = [p for p in PATHS if not (args.per_row and p == "scaled_mm_static")]
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)

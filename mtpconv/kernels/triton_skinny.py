@@ -51,6 +51,7 @@ SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK = 0, 1, 2
 @triton.jit
 def _skinny_kernel(
     x_ptr,
+    xs_ptr,
     w_ptr,
     w_desc,
     s_ptr,
@@ -119,6 +120,11 @@ def _skinny_kernel(
                 if SCALE == 2:
                     part = part * sb[:, None]
                 acc += part
+            elif MMA == 3:  # FP8 MMA on activations quantized before the launch (x_scale)
+                if SCALE == 2:
+                    acc += tl.dot(w, xt) * sb[:, None]
+                else:
+                    acc = tl.dot(w, xt, acc)
             elif MMA == 1:  # FP16 MMA (e4m3 -> f16 is exact; activations must fit fp16)
                 if SCALE == 2:
                     acc += tl.dot(w.to(tl.float16), xt.to(tl.float16)) * sb[:, None]
@@ -143,10 +149,15 @@ def _skinny_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     if not DOT:
         acc = tl.reshape(tl.sum(acc2, axis=1), (BLOCK_N, 1))
+    if MMA == 3:
+        acc = acc * tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[None, :]
     finish_tile(
         acc, s_ptr, b_ptr, o_ptr, ws_ptr, cnt_ptr, offs_n, offs_m, mask_n, mask_m, M, N, n_split,
         stride_om, SCALE, HAS_BIAS, USE_SPLIT,
     )  # fmt: skip
+
+
+MMA_PREPARED = 3  # Config.mma: FP8 activations quantized before the launch (x_scale)
 
 
 class Config(NamedTuple):
@@ -160,7 +171,8 @@ class Config(NamedTuple):
     programs: int  # programs resident at once: K is split so the work fills whole waves
     # dot operands: 0 the activation dtype (bf16: slow, measured); 1 fp16 (weight-only
     # numerics, but activations must fit fp16's range); 2 fp8: each token's 128-wide K
-    # tile quantized in registers with its own scale (W8A8 error, any range).
+    # tile quantized in registers with its own scale (W8A8 error, any range); 3 fp8 as the
+    # caller prepared it (x_scale: one scale per token, applied after the K loop).
     mma: int = 0
     tma: bool = False  # weight tiles by TMA bulk copies (block_k <= 256, K a multiple of 16)
     # 1-4 tokens, dot False: the narrow-load GEMV (mtpconv.kernels.triton_gemv): 8-byte
@@ -204,6 +216,11 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
             return Config(False, 16, 512, 8, 3, 4 * sms)
         return Config(False, 16, 256, 4, 3, 8 * sms)
     return Config(True, 64, 128, 4, 3, 4 * sms, 2)
+
+
+def prepared_config(n: int, k: int, sms: int) -> Config:
+    """The launch for FP8 activations prepared before it (``x_scale``), any token count."""
+    return Config(True, 64, 128, 4, 3, 4 * sms, MMA_PREPARED)
 
 
 def split_for(tiles: int, k: int, block_k: int, programs: int) -> tuple[int, int]:
@@ -267,14 +284,33 @@ def skinny_linear(
     bias: torch.Tensor | None = None,
     *,
     config: Config | None = None,
+    x_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """``x @ (w * w_scale).T + bias`` for ``x [..., K]`` (any rows; tuned for 1-16)."""
+    """``x @ (w * w_scale).T + bias`` for ``x [..., K]`` (any rows; tuned for 1-16).
+
+    ``x_scale`` (``[rows]`` or ``[rows, 1]`` float32): ``x`` is FP8 already, each row
+    ``x * x_scale`` (as :func:`mtpconv.kernels.triton_quant.quant_per_token` returns
+    them); the MMA reads it as it is and the row scales are applied after the K loop.
+    ``out_dtype``: the output's dtype (default ``x``'s; needed with ``x_scale``)."""
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m, k = x2.shape
     n = w.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if x_scale is not None:
+        if x.dtype != torch.float8_e4m3fn or w.dtype != torch.float8_e4m3fn:
+            raise ValueError(
+                f"skinny_linear: x_scale takes FP8 activations and weights, got {x.dtype} and {w.dtype}"
+            )
+        if x_scale.numel() != m or x_scale.dtype != torch.float32:
+            raise ValueError(
+                f"skinny_linear: x_scale must be {m} float32 row scales, got "
+                f"{tuple(x_scale.shape)} {x_scale.dtype}"
+            )
+        if out_dtype is None:
+            raise ValueError("skinny_linear: FP8 activations (x_scale) need an out_dtype")
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
     kind = scale_kind(w_scale, n, k)
@@ -284,6 +320,8 @@ def skinny_linear(
         s = s.contiguous()
     sms = sm_count(x.device.index or 0) if x.device.type == "cuda" else 8
     cfg = config if config is not None else default_config(m, n, k, sms)
+    if x_scale is not None and (not cfg.dot or cfg.mma != MMA_PREPARED):  # the tuned tile, or the rule's
+        cfg = cfg._replace(mma=MMA_PREPARED) if cfg.dot else prepared_config(n, k, sms)
     gemv = cfg.narrow and not cfg.dot
     if gemv and m > triton_gemv.MAX_TOKENS:
         raise ValueError(f"a narrow configuration takes at most {triton_gemv.MAX_TOKENS} tokens, got {m}")
@@ -325,7 +363,8 @@ def skinny_linear(
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         w_desc = TensorDescriptor.from_tensor(w, [cfg.block_n, block_k])
+    xs = x_scale.reshape(-1) if x_scale is not None else s
     _skinny_kernel[(n_tiles, n_split, m_tiles)](
-        x2, w, w_desc, *args[2:], *strides, DOT=dot, MMA=cfg.mma if dot else 0, TMA=tma, **common
+        x2, xs, w, w_desc, *args[2:], *strides, DOT=dot, MMA=cfg.mma if dot else 0, TMA=tma, **common
     )
     return out.reshape(*x.shape[:-1], n)

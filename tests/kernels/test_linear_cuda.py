@@ -171,6 +171,52 @@ def test_skinny_split_k_matches_dequantized_reference(m: int, n: int, k: int, la
             assert torch.equal(y, ts.skinny_linear(x, w, s, b, config=cfg)), cfg
 
 
+@pytest.mark.parametrize(("m", "n", "k"), SKINNY)
+@pytest.mark.parametrize("layout", ["tensor", "row", "block"])
+def test_skinny_prepared_fp8_activations_match_reference(m: int, n: int, k: int, layout: str) -> None:
+    """FP8 activations quantized per token before the launch (``x_scale``), rows from 1e-3 to
+    1e5: against the float64 product of the dequantized activations and weights, the same
+    tolerance as weight-only (the MMA sees exactly the values the reference does)."""
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import triton_skinny as ts
+    from mtpconv.kernels.triton_quant import quant_per_token
+
+    x, w, s, b = _case(m, n, k, layout, bias=layout == "row")
+    x = (x.float() * torch.logspace(-3, 5, m, device=DEV)[:, None]).to(torch.bfloat16)
+    xq, xs = quant_per_token(x)
+    ref = _ref(xq.double() * xs.double(), w, s, b)
+    rule = ts.prepared_config(n, k, ts.sm_count(0))
+    # the default (tuned tile or rule), no split, wide tiles, with and without TMA
+    for cfg in (None, rule._replace(programs=1), rule._replace(block_n=128, block_k=256), rule):
+        for tma in (False, True) if cfg is not None else (False,):
+            c = cfg._replace(tma=tma) if cfg is not None else None
+            y = ts.skinny_linear(xq, w, s, b, config=c, x_scale=xs, out_dtype=torch.bfloat16)
+            assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+            assert _rel(y, ref) < 1e-2, (c, _rel(y, ref))
+            rows = (y.double() - ref).abs().amax(1) / ref.abs().amax(1)
+            assert float(rows.max()) <= 1e-2, c
+            assert torch.equal(
+                y, ts.skinny_linear(xq, w, s, b, config=c, x_scale=xs, out_dtype=torch.bfloat16)
+            )
+
+
+def test_skinny_prepared_activations_refuse_what_does_not_fit() -> None:
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import triton_skinny as ts
+    from mtpconv.kernels.triton_quant import quant_per_token
+
+    x, w, s, _ = _case(4, 256, 512, "tensor", bias=False)
+    xq, xs = quant_per_token(x)
+    with pytest.raises(ValueError, match="FP8 activations and weights"):
+        ts.skinny_linear(x, w, s, x_scale=xs, out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="4 float32 row scales"):
+        ts.skinny_linear(xq, w, s, x_scale=xs[:2], out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="out_dtype"):
+        ts.skinny_linear(xq, w, s, x_scale=xs)
+
+
 @pytest.mark.parametrize("narrow", [False, True])
 def test_skinny_split_k_in_cuda_graph_replays(narrow: bool) -> None:
     if not triton_available():
