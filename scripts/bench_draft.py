@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from mtpconv.formats.fp8 import quantize_fp8
-from mtpconv.kernels import Fp8Path, fp8_linear, pdl, run_path, triton_available
+from mtpconv.kernels import Fp8Path, fp8_linear, pdl, run_path, takes_prepared, triton_available
 
 DRAFT_VOCAB = 32_768
 L2_SAFE_BYTES = 400 * 2**20  # a graph reads at least this much before repeating a weight
@@ -190,7 +190,15 @@ def build_weights(s: Shape, dev: torch.device, seed: int, head_full: Linear | No
     return ws
 
 
-LinearFn = Callable[[torch.Tensor, Linear], torch.Tensor]
+class Fp8Rows(NamedTuple):
+    """A linear's input prepared by its producer: FP8 rows, one float32 scale each."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+
+LinearFn = Callable[[Any, Linear], torch.Tensor]  # (BF16 rows or Fp8Rows, weight) -> BF16 rows
+PrepareFn = Callable[[Linear, int], bool]  # whether the producer of (weight, tokens)'s input prepares it
 
 
 class Variant(NamedTuple):
@@ -198,6 +206,7 @@ class Variant(NamedTuple):
     env: dict[str, str]  # the environment of its kernels (none: the defaults)
     shared: bool  # the shared expert inside the grouped MoE launches
     fused: bool  # the grouped MoE kernel prepares its inputs itself (the steps until the ninth session)
+    noprep: bool  # dense linears always read BF16 rows (the steps until the tenth session)
 
 
 def variant_parts(variant: str) -> Variant:
@@ -209,10 +218,13 @@ def variant_parts(variant: str) -> Variant:
     ``+shared``: see :func:`step`; ``+fused``: at 2+ tokens the grouped kernel applies SiLU *
     up itself and FP8 experts quantize each token's K tile in registers (the steps until the
     ninth session), where by default a launch of its own prepares each projection's input
-    (``split`` of :func:`mtpconv.kernels.triton_moe.routed_experts`)."""
+    (``split`` of :func:`mtpconv.kernels.triton_moe.routed_experts`); ``+noprep``: the
+    ``auto`` step's dense linears read BF16 rows (the steps until the tenth session), where
+    by default the producer of an input hands it FP8 rows wherever
+    :func:`mtpconv.kernels.takes_prepared` says so (:func:`prepare_fn`)."""
     base, *mods = variant.split("+")
     env: dict[str, str] = {}
-    shared = fused = False
+    shared = fused = noprep = False
     for mod in mods:
         if mod == "nopdl":
             env[pdl.ENV] = "0"
@@ -224,9 +236,11 @@ def variant_parts(variant: str) -> Variant:
             shared = True
         elif mod == "fused":
             fused = True
+        elif mod == "noprep":
+            noprep = True
         else:
             raise ValueError(f"unknown variant modifier {mod!r} in {variant!r}")
-    return Variant(base, env, shared, fused)
+    return Variant(base, env, shared, fused, noprep)
 
 
 def is_bf16(variant: str) -> bool:
@@ -257,9 +271,24 @@ def linear_fn(variant: str, input_scale: torch.Tensor) -> LinearFn:
     if variant == "bf16":
         return lambda x, w: F.linear(x, w.bf16)
     if variant == AUTO:  # no static activation scale; one weight scale per linear here
-        return lambda x, w: fp8_linear(x, w.fp8, w.scale)
+
+        def auto(x: Any, w: Linear) -> torch.Tensor:
+            if isinstance(x, Fp8Rows):
+                return fp8_linear(x.q, w.fp8, w.scale, x_scale=x.scale, out_dtype=torch.bfloat16)
+            return fp8_linear(x, w.fp8, w.scale)
+
+        return auto
     path = Fp8Path(variant)
     return lambda x, w: run_path(path, x, w.fp8, w.scale, input_scale=input_scale)
+
+
+def prepare_fn(variant: str) -> PrepareFn | None:
+    """The ``auto`` step's choice of which linears get FP8 rows from their producer (none for
+    other variants and ``+noprep``)."""
+    parts = variant_parts(variant)
+    if parts.path != AUTO or parts.noprep:
+        return None
+    return lambda w, t: takes_prepared(t, *w.fp8.shape)
 
 
 MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Experts, Experts], torch.Tensor]
@@ -311,6 +340,7 @@ def step(
     full_head: bool,
     fuse_shared: bool = False,
     glue: str = "fused",
+    prepare: PrepareFn | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One drafter step; returns (logits, topk_ids or None). ``fuse_shared``: the shared
     expert's gate computed with the router and the expert itself in the grouped MoE
@@ -319,19 +349,42 @@ def step(
     ``topk_softmax``), takes SiLU * up in one kernel and adds the experts, the gated
     shared expert and the residual in one (:mod:`mtpconv.kernels.triton_glue`);
     ``torch`` does each with torch ops (softmax, topk, sum, divide, casts: the step of
-    the first sessions' figures)."""
+    the first sessions' figures). ``prepare`` (with ``fused`` glue): the linears whose
+    input its producer hands over as FP8 rows (:class:`Fp8Rows`), that producer being the
+    launch the step makes there anyway: the concatenation before ``fc``, the copy of the
+    attention stand-in, a residual add, SiLU * up or the MoE sum
+    (:mod:`mtpconv.kernels.triton_quant`, ``triton_glue.combine_quant``)."""
     fused = glue == "fused"
     if fused:
-        from mtpconv.kernels import triton_glue
+        from mtpconv.kernels import triton_glue, triton_quant
     act = triton_glue.silu_mul if fused else silu_mul
-    h = lin(torch.cat((emb, hid), dim=-1), ws.fc)
+    t = emb.shape[0]
+
+    def fp8(w: Linear | None) -> bool:
+        return fused and prepare is not None and w is not None and prepare(w, t)
+
+    def add(a: torch.Tensor, b: torch.Tensor, nxt: Linear | None) -> tuple[torch.Tensor, Any]:
+        """``a + b``, and the next linear's input: the sum, or its FP8 rows."""
+        if fp8(nxt):
+            total, q, sc = triton_quant.add_quant(a, b)
+            return total, Fp8Rows(q, sc)
+        total = a + b
+        return total, total
+
+    def silu_in(x: torch.Tensor, nxt: Linear) -> Any:
+        return Fp8Rows(*triton_quant.quant_per_token(x, act=True)) if fp8(nxt) else act(x)
+
+    head = ws.head_full if full_head else ws.head_draft
+    x: Any = Fp8Rows(*triton_quant.quant_cat(emb, hid)) if fp8(ws.fc) else torch.cat((emb, hid), dim=-1)
+    h = lin(x, ws.fc)
     qkv = lin(h, ws.qkv)
     attn = qkv[:, : s.o_in]  # stands in for attention output (same bytes, no KV cache)
-    h = h + lin(attn.contiguous(), ws.o)
+    h, x = add(h, lin(Fp8Rows(*triton_quant.quant_per_token(attn)) if fp8(ws.o) else attn.contiguous(), ws.o),
+               ws.gate_up if s.experts == 0 else ws.shared_gate_up)  # fmt: skip
     ids = None
     if s.experts == 0:
         assert ws.gate_up is not None and ws.down is not None
-        h = h + lin(act(lin(h, ws.gate_up)), ws.down)
+        h, x = add(h, lin(silu_in(lin(x, ws.gate_up), ws.down), ws.down), head)
     else:
         assert ws.router is not None and ws.shared_gate is not None and moe is not None
         assert ws.shared_gate_up is not None and ws.shared_down is not None
@@ -344,11 +397,17 @@ def step(
                 logits, s.top_k, s.experts, weight_dtype=h.dtype, append_shared=fuse_shared
             )
             ids = all_ids[:, : s.top_k]
+            parts: tuple[torch.Tensor, ...]
             if fuse_shared:  # the shared expert as expert E
-                h = triton_glue.combine(h, moe(h, all_ids, all_w, gu, dn))
+                parts = (h, moe(h, all_ids, all_w, gu, dn))
             else:
-                shared = lin(act(lin(h, ws.shared_gate_up)), ws.shared_down)
-                h = triton_glue.combine(h, moe(h, ids, all_w, gu, dn), shared, gate)
+                shared = lin(silu_in(lin(x, ws.shared_gate_up), ws.shared_down), ws.shared_down)
+                parts = (h, moe(h, ids, all_w, gu, dn), shared, gate)
+            if fp8(head):
+                h, q, sc = triton_glue.combine_quant(*parts)
+                x = Fp8Rows(q, sc)
+            else:
+                h = x = triton_glue.combine(*parts)
         else:
             if fuse_shared:  # router and shared gate in one GEMM; the shared expert as expert E
                 logits = F.linear(h, ws.router_shared)[:, : s.experts + 1].float()
@@ -357,7 +416,6 @@ def step(
                 probs = torch.softmax(F.linear(h, ws.router).float(), dim=-1)
             topw, ids = torch.topk(probs, s.top_k, dim=-1)
             topw = topw / topw.sum(-1, keepdim=True)
-            t = h.shape[0]
             if fuse_shared:
                 all_ids = torch.cat((ids, torch.full_like(ids[:, :1], s.experts)), dim=-1)
                 all_w = torch.cat((topw, torch.sigmoid(logits[:, s.experts :])), dim=-1).to(h.dtype)
@@ -366,7 +424,8 @@ def step(
                 routed = moe(h, ids, topw.to(h.dtype), gu, dn).view(t, s.top_k, -1).sum(1)
                 shared = lin(act(lin(h, ws.shared_gate_up)), ws.shared_down)
                 h = h + routed + torch.sigmoid(F.linear(h, ws.shared_gate)) * shared
-    logits = lin(h, ws.head_full if full_head else ws.head_draft)
+            x = h
+    logits = lin(x, head)
     return logits, ids
 
 
@@ -483,9 +542,10 @@ def bench_model(
             lin = linear_fn(variant, input_scale)
             moe = moe_fn(variant, moe_kind) if s.experts else None
             shared = variant_parts(variant).shared and s.experts > 0
+            prep = prepare_fn(variant)
             for full_head in (True, False):
                 with variant_env(variant):
-                    _, ids = step(s, sets[0], emb, hid, lin, moe, full_head, shared, glue)
+                    _, ids = step(s, sets[0], emb, hid, lin, moe, full_head, shared, glue, prep)
                 distinct = int(ids.unique().numel()) if ids is not None else 0
 
                 def run(
@@ -496,9 +556,10 @@ def bench_model(
                     hid: torch.Tensor = hid,
                     sets: list[WeightSet] = sets,
                     shared: bool = shared,
+                    prep: PrepareFn | None = prep,
                 ) -> None:
                     for ws in sets:
-                        step(s, ws, emb, hid, lin, moe, full_head, shared, glue)
+                        step(s, ws, emb, hid, lin, moe, full_head, shared, glue, prep)
 
                 try:
                     with variant_env(variant):

@@ -73,11 +73,13 @@ def report(
     hid = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
     lin = bd.linear_fn(variant, input_scale)
     moe = bd.moe_fn(variant, "grouped") if s.experts else None
+    prep = bd.prepare_fn(variant)
+    shared = bd.variant_parts(variant).shared and s.experts > 0
 
     def run() -> None:
-        bd.step(s, ws, emb, hid, lin, moe, False, glue=glue)
+        bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep)
 
-    _, ids = bd.step(s, ws, emb, hid, lin, moe, False, glue=glue)
+    _, ids = bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep)
     distinct = int(ids.unique().numel()) if ids is not None else 0
     nbytes = bd.step_bytes(s, ws, variant, False, distinct)
 

@@ -15,6 +15,7 @@ from mtpconv.kernels.linear import (
     fp8_linear,
     run_path,
     select_path,
+    takes_prepared,
     triton_available,
 )
 from mtpconv.kernels.op import fp8_linear_op
@@ -29,5 +30,6 @@ __all__ = [
     "fp8_linear_op",
     "run_path",
     "select_path",
+    "takes_prepared",
     "triton_available",
 ]

@@ -46,7 +46,7 @@ from types import ModuleType
 import torch
 
 from mtpconv.kernels import reference
-from mtpconv.kernels.skinny_tuned import token_bucket
+from mtpconv.kernels.skinny_tuned import TUNED_PREPARED, token_bucket
 
 # Selection thresholds measured on the H200 (docs/BENCHMARKS.md, per-linear
 # tables at Qwen3.5-27B shapes). With per-row weight scales: the weight-only
@@ -261,6 +261,44 @@ def run_path(
     return y.reshape(*lead, n)
 
 
+def takes_prepared(tokens: int, n: int, k: int) -> bool:
+    """Whether :func:`fp8_linear` on a ``[n, k]`` weight is faster at ``tokens`` rows when the
+    producer of its input hands it FP8 rows with one scale each (``x_scale``; a concatenation,
+    a residual add or SiLU * up that quantizes as it writes:
+    :mod:`mtpconv.kernels.triton_quant`) than on BF16 rows: the shapes where the H200 measured
+    it so (``skinny_tuned.TUNED_PREPARED``, 2-16 tokens)."""
+    bucket = token_bucket(tokens)
+    return bucket is not None and (bucket, n, k) in TUNED_PREPARED
+
+
+def _prepared_linear(
+    x: torch.Tensor,
+    w_fp8: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    x_scale: torch.Tensor,
+    out_dtype: torch.dtype | None,
+) -> torch.Tensor:
+    """:func:`fp8_linear` on FP8 rows ``x * x_scale``: the skinny GEMM's FP8 MMA, or the
+    dequantized reference without Triton or CUDA."""
+    if x.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"fp8_linear: x_scale comes with float8_e4m3fn rows, got {x.dtype}")
+    if out_dtype is None:
+        raise ValueError("fp8_linear: FP8 rows (x_scale) need an out_dtype")
+    tokens = x.numel() // max(x.shape[-1], 1)
+    if x_scale.numel() != tokens:
+        raise ValueError(f"fp8_linear: x_scale needs one scale per row ({tokens}): {tuple(x_scale.shape)}")
+    if x.device.type == "cuda" and triton_available():
+        from mtpconv.kernels import triton_skinny
+
+        y: torch.Tensor = triton_skinny.skinny_linear(
+            x, w_fp8, w_scale, bias, x_scale=x_scale.to(torch.float32), out_dtype=out_dtype
+        )
+        return y
+    rows = x.to(torch.float32) * x_scale.to(torch.float32).reshape(*x.shape[:-1], 1)
+    return reference.dequant_linear(rows, w_fp8, w_scale, bias).to(out_dtype)
+
+
 def fp8_linear(
     x: torch.Tensor,
     w_fp8: torch.Tensor,
@@ -269,6 +307,8 @@ def fp8_linear(
     *,
     input_scale: torch.Tensor | None = None,
     path: Fp8Path | None = None,
+    x_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``x @ (w_fp8 * w_scale).T + bias`` on the fastest measured path.
 
@@ -279,6 +319,10 @@ def fp8_linear(
     128x128 block); ``bias``: ``[N]`` or None. Returns
     ``[..., N]`` in ``x.dtype``. Safe inside CUDA graph capture (no host
     sync, no data-dependent choice).
+
+    ``x_scale``: ``x`` is float8_e4m3fn rows already, each ``x * x_scale`` (``[..., 1]`` or
+    one value per row, float32; see :func:`takes_prepared`), and ``out_dtype`` the output's
+    dtype; ``path`` and ``input_scale`` do not apply then.
     """
     if w_fp8.dtype != torch.float8_e4m3fn:
         raise TypeError(f"fp8_linear needs a float8_e4m3fn weight, got {w_fp8.dtype}")
@@ -291,6 +335,10 @@ def fp8_linear(
             f"w_scale must be 0-d, [{n}] or [{-(-n // 128)}, {-(-k // 128)}] (128x128 "
             f"blocks), got shape {tuple(w_scale.shape)}"
         )
+    if x_scale is not None:
+        if path is not None or input_scale is not None:
+            raise ValueError("fp8_linear: x_scale takes neither a path nor an input_scale")
+        return _prepared_linear(x, w_fp8, w_scale, bias, x_scale, out_dtype)
     if path is None:
         tokens = x.numel() // max(x.shape[-1], 1)
         path = select_path(

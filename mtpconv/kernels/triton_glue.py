@@ -12,7 +12,8 @@ benchmark's step, in both precisions (they read no weights):
   more column, in one launch;
 * ``silu_mul``: ``SiLU(gate) * up`` of a ``[T, 2I]`` row in one launch;
 * ``combine``: ``h + sum over top-k of the expert rows + gate * shared`` in one
-  launch.
+  launch; ``combine_quant`` also writes the sum's rows in FP8 with one scale each, the
+  next linear's prepared input.
 
 Arithmetic is float32 and each output is rounded once.
 """
@@ -25,6 +26,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from mtpconv.kernels.triton_quant import fp8_row
 
 _ELEMENTS_PER_PROGRAM = 1024  # silu_mul and combine: one program per token and chunk
 
@@ -155,6 +158,8 @@ def _combine_kernel(
     s_ptr,
     g_ptr,
     o_ptr,
+    q_ptr,
+    qs_ptr,
     H,
     stride_h,
     stride_p,
@@ -163,6 +168,7 @@ def _combine_kernel(
     TOP_K: tl.constexpr,
     SHARED: tl.constexpr,
     BLOCK: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -173,7 +179,12 @@ def _combine_kernel(
     if SHARED:
         g = tl.load(g_ptr + row).to(tl.float32)
         acc += g * tl.load(s_ptr + row * stride_s + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(o_ptr + row * stride_o + offs, acc.to(o_ptr.dtype.element_ty), mask=mask)
+    out = acc.to(o_ptr.dtype.element_ty)
+    tl.store(o_ptr + row * stride_o + offs, out, mask=mask)
+    if QUANT:  # the whole row is this program's: its FP8 copy with one scale (as quant_per_token)
+        q, scale = fp8_row(out.to(tl.float32))
+        tl.store(q_ptr + row * H + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(qs_ptr + row, scale)
 
 
 def combine(
@@ -188,12 +199,39 @@ def combine(
     expert, routing weight already applied); ``shared`` ``[T, H]`` and ``gate``
     ``[T, 1]`` together or not at all. Returns ``[T, H]`` in h's dtype.
     """
+    return _combine(h, expert_rows, shared, gate, quant=False)[0]
+
+
+def combine_quant(
+    h: torch.Tensor,
+    expert_rows: torch.Tensor,
+    shared: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`combine`, and its rows in FP8 with one scale each, as
+    :func:`mtpconv.kernels.triton_quant.quant_per_token` gives them (the next linear's
+    prepared input): ``(out, q [T, H], scale [T, 1])``, one launch."""
+    out, q, s = _combine(h, expert_rows, shared, gate, quant=True)
+    assert q is not None and s is not None
+    return out, q, s
+
+
+def _combine(
+    h: torch.Tensor,
+    expert_rows: torch.Tensor,
+    shared: torch.Tensor | None,
+    gate: torch.Tensor | None,
+    quant: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     t, hidden = h.shape
     if (shared is None) != (gate is None):
         raise ValueError("combine: shared and gate come together")
     rows = expert_rows.shape[0]
+    out = torch.empty_like(h)
+    q = torch.empty((t, hidden), dtype=torch.float8_e4m3fn, device=h.device) if quant else None
+    qs = torch.empty((t, 1), dtype=torch.float32, device=h.device) if quant else None
     if t == 0:
-        return torch.empty_like(h)
+        return out, q, qs
     if rows % t or expert_rows.shape[1] != hidden or h.stride(1) != 1 or expert_rows.stride(1) != 1:
         raise ValueError(f"combine: h {tuple(h.shape)} and expert rows {tuple(expert_rows.shape)} do not fit")
     if shared is not None and gate is not None:
@@ -202,14 +240,16 @@ def combine(
                 f"combine: shared {tuple(shared.shape)} / gate {tuple(gate.shape)} for h {tuple(h.shape)}"
             )
         gate = gate.reshape(t).contiguous()
-    out = torch.empty_like(h)
-    grid = (t, triton.cdiv(hidden, _ELEMENTS_PER_PROGRAM))
-    _combine_kernel[grid](
+    # quant: one program a row (its amax); else chunks of the row
+    block = triton.next_power_of_2(hidden) if quant else _ELEMENTS_PER_PROGRAM
+    _combine_kernel[(t, triton.cdiv(hidden, block))](
         h,
         expert_rows,
         shared if shared is not None else h,
         gate if gate is not None else h,
         out,
+        q if q is not None else out,
+        qs if qs is not None else out,
         hidden,
         h.stride(0),
         expert_rows.stride(0),
@@ -217,6 +257,8 @@ def combine(
         out.stride(0),
         TOP_K=rows // t,
         SHARED=shared is not None,
-        BLOCK=_ELEMENTS_PER_PROGRAM,
+        BLOCK=block,
+        QUANT=quant,
+        num_warps=4 if block <= 2048 else 8,
     )
-    return out
+    return out, q, qs

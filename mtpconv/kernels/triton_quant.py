@@ -2,7 +2,10 @@
 
 * ``quant_per_token``: dynamic per-token FP8 quantization in one kernel (one
   program per row), optionally folding the weight scale into the row scale so
-  ``torch._scaled_mm`` can run with a unit weight scale.
+  ``torch._scaled_mm`` can run with a unit weight scale, or applying SiLU * up first;
+  ``quant_cat`` and ``add_quant`` are the same kernel as the producer of a linear's
+  input (a concatenation, a residual add), so that the linear reads FP8 rows prepared
+  by a launch the step makes anyway.
 * ``quant_per_tensor``: dynamic per-tensor quantization in one launch (reading
   the activation once, its chunks in registers across a grid barrier, up to 4096
   elements x the SM count; two passes above).
@@ -30,28 +33,53 @@ _TINY = tl.constexpr(1.1754943508222875e-38)
 
 
 @triton.jit
+def fp8_row(x):
+    """A float32 row in FP8's range with one scale: ``(x / scale clamped, scale)``."""
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), _TINY) / FP8_MAX
+    return tl.clamp(x / scale, -FP8_MAX, FP8_MAX), scale
+
+
+# What a per-token quantization reads (``MODE``): a row of x; SiLU(gate) * up of a
+# ``[gate | up]`` row of x; the row ``[x | y]``; the row ``x + y`` (also written out).
+ROW, ACT, CAT, ADD = 0, 1, 2, 3
+
+
+@triton.jit
 def _quant_per_token_kernel(
     x_ptr,
+    y_ptr,
+    sum_ptr,
     q_ptr,
     s_ptr,
     ws_ptr,
     K,
+    KX,
     stride_xm,
+    stride_ym,
     stride_qm,
     HAS_WS: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    ACT: tl.constexpr,
+    MODE: tl.constexpr,
 ):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_K)
     mask = offs < K
-    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
-    if ACT:  # the row holds [gate | up]: SiLU(gate) * up, rounded to x's dtype as a kernel writing it would
+    if MODE == 2:  # [x | y]: the first KX columns from x, the rest from y
+        in_x = offs < KX
+        x = tl.load(x_ptr + row * stride_xm + offs, mask=in_x, other=0.0).to(tl.float32)
+        x += tl.load(y_ptr + row * stride_ym + offs - KX, mask=mask & ~in_x, other=0.0).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    if MODE == 1:  # [gate | up]: SiLU(gate) * up, rounded to x's dtype as a kernel writing it would
         u = tl.load(x_ptr + row * stride_xm + K + offs, mask=mask, other=0.0).to(tl.float32)
         x = (x / (1.0 + tl.exp(-x)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=0)
-    scale = tl.maximum(amax, _TINY) / FP8_MAX
-    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+    if MODE == 3:  # x + y, rounded to x's dtype and written (contiguous rows, as q's)
+        total = (x + tl.load(y_ptr + row * stride_ym + offs, mask=mask, other=0.0).to(tl.float32)).to(
+            sum_ptr.dtype.element_ty
+        )
+        tl.store(sum_ptr + row * stride_qm + offs, total, mask=mask)
+        x = total.to(tl.float32)
+    q, scale = fp8_row(x)
     tl.store(q_ptr + row * stride_qm + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
     if HAS_WS:
         scale = scale * tl.load(ws_ptr)
@@ -156,6 +184,48 @@ def _quant_tensor_once_kernel(
         tl.store(s_ptr, scale)
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _per_token(
+    mode: int,
+    x: torch.Tensor,
+    y: torch.Tensor | None,
+    k: int,
+    w_scale: torch.Tensor | None = None,
+    total: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One launch of the per-token kernel over ``x``'s rows (and ``y``'s): ``(q [M, k],
+    scale [M, 1])``; ``total`` receives ``x + y`` in ``ADD``."""
+    m = x.shape[0]
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return q, s
+    block_k = triton.next_power_of_2(k)
+    warps = 4 if block_k <= 2048 else (8 if block_k <= 8192 else 16)
+    _quant_per_token_kernel[(m,)](
+        x,
+        y if y is not None else x,
+        total if total is not None else q,
+        q,
+        s,
+        w_scale if w_scale is not None else s,
+        k,
+        x.shape[1],
+        x.stride(0),
+        y.stride(0) if y is not None else 0,
+        q.stride(0),
+        HAS_WS=w_scale is not None,
+        BLOCK_K=block_k,
+        MODE=mode,
+        num_warps=warps,
+    )
+    return q, s
+
+
 def quant_per_token(
     x: torch.Tensor, w_scale: torch.Tensor | None = None, *, act: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,32 +235,33 @@ def quant_per_token(
     rows are ``[gate | up]`` pairs of width ``2K`` and what is quantized is
     ``SiLU(gate) * up`` in x's dtype (a MoE down projection's input).
     """
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    m, k = x2.shape
+    x2 = _rows(x)
+    k = x2.shape[1]
     if act:
         if k % 2:
             raise ValueError(f"quant_per_token: act needs [gate | up] rows of even width, got {k}")
         k //= 2
-    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
-    block_k = triton.next_power_of_2(k)
-    warps = 4 if block_k <= 2048 else (8 if block_k <= 8192 else 16)
-    _quant_per_token_kernel[(m,)](
-        x2,
-        q,
-        s,
-        w_scale if w_scale is not None else s,
-        k,
-        x2.stride(0),
-        q.stride(0),
-        HAS_WS=w_scale is not None,
-        BLOCK_K=block_k,
-        ACT=act,
-        num_warps=warps,
-    )
-    return q, s
+    return _per_token(ACT if act else ROW, x2, None, k, w_scale)
+
+
+def quant_cat(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quant_per_token(torch.cat((x, y), -1))`` in one launch, the concatenation never
+    written (an MTP drafter's ``fc`` input: the embedding and hidden state side by side)."""
+    x2, y2 = _rows(x), _rows(y)
+    if x2.shape[0] != y2.shape[0] or x.dtype != y.dtype:
+        raise ValueError(f"quant_cat: rows {tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype} differ")
+    return _per_token(CAT, x2, y2, x2.shape[1] + y2.shape[1])
+
+
+def add_quant(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x + y, *quant_per_token(x + y))`` in one launch: a residual add whose sum is also
+    the next linear's FP8 input (``[M, K]`` rows; the sum in x's dtype, as torch's add)."""
+    x2, y2 = _rows(x), _rows(y)
+    if x2.shape != y2.shape or x.dtype != y.dtype:
+        raise ValueError(f"add_quant: {tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype} differ")
+    total = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    q, s = _per_token(ADD, x2, y2, x2.shape[1], total=total)
+    return total.reshape(x.shape), q, s
 
 
 # Activations up to this many elements are quantized by a single program.

@@ -42,7 +42,7 @@ import triton.language as tl
 from mtpconv.kernels import pdl as pdl_setting
 from mtpconv.kernels import triton_gemv
 from mtpconv.kernels.reference import BLOCK, is_block_scale
-from mtpconv.kernels.skinny_tuned import TUNED, token_bucket
+from mtpconv.kernels.skinny_tuned import TUNED, TUNED_PREPARED, token_bucket
 from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, weight_tile
 
 SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK = 0, 1, 2
@@ -218,8 +218,18 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
     return Config(True, 64, 128, 4, 3, 4 * sms, 2)
 
 
-def prepared_config(n: int, k: int, sms: int) -> Config:
-    """The launch for FP8 activations prepared before it (``x_scale``), any token count."""
+def prepared_config(m: int, n: int, k: int, sms: int) -> Config:
+    """The launch for FP8 activations prepared before it (``x_scale``): the sweep's best
+    (:data:`mtpconv.kernels.skinny_tuned.TUNED_PREPARED`), else the tile of
+    :func:`default_config` at 2+ tokens, else 64 x 128 tiles."""
+    bucket = token_bucket(m)
+    tuned = TUNED_PREPARED.get((bucket, n, k)) if bucket is not None else None
+    if tuned is not None:
+        dot, block_n, block_k, warps, stages, waves, mma, tma, narrow = tuned
+        return Config(dot, block_n, block_k, warps, stages, waves * sms, mma, tma, narrow)
+    base = default_config(m, n, k, sms)
+    if base.dot:
+        return base._replace(mma=MMA_PREPARED)
     return Config(True, 64, 128, 4, 3, 4 * sms, MMA_PREPARED)
 
 
@@ -319,9 +329,12 @@ def skinny_linear(
     if not s.is_contiguous():
         s = s.contiguous()
     sms = sm_count(x.device.index or 0) if x.device.type == "cuda" else 8
-    cfg = config if config is not None else default_config(m, n, k, sms)
-    if x_scale is not None and (not cfg.dot or cfg.mma != MMA_PREPARED):  # the tuned tile, or the rule's
-        cfg = cfg._replace(mma=MMA_PREPARED) if cfg.dot else prepared_config(n, k, sms)
+    if x_scale is not None:
+        cfg = config if config is not None else prepared_config(m, n, k, sms)
+        if not cfg.dot or cfg.mma != MMA_PREPARED:
+            raise ValueError(f"skinny_linear: FP8 activations (x_scale) take a dot config, mma 3: {cfg}")
+    else:
+        cfg = config if config is not None else default_config(m, n, k, sms)
     gemv = cfg.narrow and not cfg.dot
     if gemv and m > triton_gemv.MAX_TOKENS:
         raise ValueError(f"a narrow configuration takes at most {triton_gemv.MAX_TOKENS} tokens, got {m}")

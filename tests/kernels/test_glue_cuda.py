@@ -152,3 +152,55 @@ def test_glue_in_a_cuda_graph() -> None:
         expected = run()
         for a, b in zip(out, expected, strict=True):
             assert torch.equal(a, b)
+
+
+def _same_fp8(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    return torch.equal(a[1], b[1]) and torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8))
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 16, 33])
+@pytest.mark.parametrize("hidden", [2048, 5120, 100])
+def test_producers_quantize_as_quant_per_token(tokens: int, hidden: int) -> None:
+    """A linear's input prepared by its producer (the concatenation before fc, the slice of
+    the attention stand-in, a residual add, the MoE sum) is bit for bit what the producer's
+    output quantized by ``quant_per_token`` would be, and the producer's own output is
+    unchanged (rows of 1e-3 to 1e4)."""
+    from mtpconv.kernels import triton_glue, triton_quant
+
+    g = torch.Generator(device="cuda").manual_seed(tokens * 7 + hidden)
+    spread = torch.logspace(-3, 4, tokens, device="cuda")[:, None]
+
+    def rows(width: int = hidden, per_token: int = 1) -> torch.Tensor:
+        x = torch.randn(tokens * per_token, width, device="cuda", generator=g)
+        return (x * spread.repeat_interleave(per_token, 0)).to(torch.bfloat16)
+
+    a, b = rows(), rows()
+    assert _same_fp8(triton_quant.quant_cat(a, b), triton_quant.quant_per_token(torch.cat((a, b), -1)))
+    total, q, s = triton_quant.add_quant(a, b)
+    assert torch.equal(total, a + b)
+    assert _same_fp8((q, s), triton_quant.quant_per_token(a + b))
+    wide = rows(width=3 * hidden)
+    assert _same_fp8(
+        triton_quant.quant_per_token(wide[:, :hidden]),
+        triton_quant.quant_per_token(wide[:, :hidden].contiguous()),
+    )
+    q, s = triton_quant.quant_per_token(a)
+    assert float((q.float() * s - a.float()).norm() / a.float().norm()) < 6e-2
+    experts = rows(per_token=4)
+    gate = torch.rand(tokens, 1, device="cuda", generator=g).to(torch.bfloat16)
+    for extra in ((), (b, gate)):
+        out, q, s = triton_glue.combine_quant(a, experts, *extra)
+        assert torch.equal(out, triton_glue.combine(a, experts, *extra))
+        assert _same_fp8((q, s), triton_quant.quant_per_token(out))
+
+
+def test_producers_refuse_what_does_not_fit() -> None:
+    from mtpconv.kernels import triton_quant
+
+    a = torch.randn(4, 64, device="cuda").to(torch.bfloat16)
+    with pytest.raises(ValueError, match="quant_cat"):
+        triton_quant.quant_cat(a, a[:3])
+    with pytest.raises(ValueError, match="add_quant"):
+        triton_quant.add_quant(a, a[:, :32])
+    with pytest.raises(ValueError, match="add_quant"):
+        triton_quant.add_quant(a, a.half())

@@ -162,6 +162,43 @@ def test_block_scale_reference_and_validation() -> None:
         run_path(Fp8Path.SCALED_MM_TENSOR, x, w, blocks)
 
 
+def test_fp8_rows_prepared_by_their_producer_on_cpu() -> None:
+    """``x_scale``: FP8 rows with one scale each give the product of the dequantized rows
+    (the reference without CUDA), in ``out_dtype``, any leading dims; what does not fit is
+    refused."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 3, 96, generator=g) * torch.logspace(-3, 4, 3)[:, None]).to(torch.bfloat16)
+    q, s = reference.quant_per_token(x.reshape(-1, 96))
+    w = quantize_fp8(torch.randn(40, 96, generator=g))
+    rows = torch.rand(40, generator=g) + 0.5
+    bias = torch.randn(40, generator=g).to(torch.bfloat16)
+    deq = (q.double() * s.double()).reshape(2, 3, 96)
+    for scale, b in ((w.scale, None), (rows, bias)):
+        y = fp8_linear(q.reshape(2, 3, 96), w.weight, scale, b, x_scale=s, out_dtype=torch.bfloat16)
+        ref = deq @ (w.weight.double() * scale.double().reshape(-1, 1)).t()
+        ref = ref if b is None else ref + b.double()
+        assert y.shape == (2, 3, 40) and y.dtype == torch.bfloat16
+        assert _rel(y, ref) < 1e-2
+    with pytest.raises(TypeError, match="float8_e4m3fn rows"):
+        fp8_linear(x, w.weight, w.scale, x_scale=s, out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="out_dtype"):
+        fp8_linear(q, w.weight, w.scale, x_scale=s)
+    with pytest.raises(ValueError, match="one scale per row"):
+        fp8_linear(q, w.weight, w.scale, x_scale=s[:2], out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="neither a path"):
+        fp8_linear(q, w.weight, w.scale, x_scale=s, out_dtype=torch.bfloat16, path=Fp8Path.DEQUANT)
+
+
+def test_prepared_rows_only_where_measured_faster() -> None:
+    from mtpconv.kernels import takes_prepared
+
+    assert takes_prepared(4, 5120, 10240) and takes_prepared(16, 5120, 17408)  # 27B fc, down
+    assert takes_prepared(2, 5120, 6144)  # 2-4 tokens: the 4-token measurement
+    assert not takes_prepared(1, 5120, 10240)  # one token: the weight-only GEMV
+    assert not takes_prepared(4, 14336, 5120)  # 27B qkv: cuBLAS on BF16 rows was faster
+    assert not takes_prepared(17, 5120, 10240) and not takes_prepared(4, 777, 333)
+
+
 def test_static_path_needs_input_scale() -> None:
     x, w, s = _case(2, 16, 32)
     with pytest.raises(ValueError, match="input_scale"):

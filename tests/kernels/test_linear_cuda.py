@@ -186,7 +186,9 @@ def test_skinny_prepared_fp8_activations_match_reference(m: int, n: int, k: int,
     x = (x.float() * torch.logspace(-3, 5, m, device=DEV)[:, None]).to(torch.bfloat16)
     xq, xs = quant_per_token(x)
     ref = _ref(xq.double() * xs.double(), w, s, b)
-    rule = ts.prepared_config(n, k, ts.sm_count(0))
+    y = fp8_linear(xq, w, s, b, x_scale=xs, out_dtype=torch.bfloat16)
+    assert torch.equal(y, ts.skinny_linear(xq, w, s, b, x_scale=xs, out_dtype=torch.bfloat16))
+    rule = ts.Config(True, 64, 128, 4, 3, 4 * ts.sm_count(0), ts.MMA_PREPARED)
     # the default (tuned tile or rule), no split, wide tiles, with and without TMA
     for cfg in (None, rule._replace(programs=1), rule._replace(block_n=128, block_k=256), rule):
         for tma in (False, True) if cfg is not None else (False,):
@@ -215,6 +217,10 @@ def test_skinny_prepared_activations_refuse_what_does_not_fit() -> None:
         ts.skinny_linear(xq, w, s, x_scale=xs[:2], out_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="out_dtype"):
         ts.skinny_linear(xq, w, s, x_scale=xs)
+    with pytest.raises(ValueError, match="mma 3"):
+        ts.skinny_linear(
+            xq, w, s, x_scale=xs, out_dtype=torch.bfloat16, config=ts.default_config(4, 256, 512, 8)
+        )
 
 
 @pytest.mark.parametrize("narrow", [False, True])

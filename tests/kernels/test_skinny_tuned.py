@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpconv.kernels.skinny_tuned import TUNED, token_bucket
+from mtpconv.kernels.skinny_tuned import TUNED, TUNED_PREPARED, token_bucket
 
 
 def test_token_buckets() -> None:
@@ -24,6 +24,30 @@ def test_every_tuned_entry_is_a_launchable_configuration() -> None:
         assert 2 <= stages <= 4 and 1 <= waves <= 16
         assert not (narrow and dot), "narrow weight loads are the FMA path's"
         if tma:  # a TMA box is at most 256 elements a side; K rows 16-byte aligned
+            assert block_k <= 256 and block_n <= 256 and k % 16 == 0
+
+
+def test_every_prepared_entry_is_an_fp8_mma_on_a_measured_shape() -> None:
+    """FP8 rows prepared before the launch: the MMA reading them as they are (mma 3), at 2-16
+    tokens, on shapes the weight-only table has too (the benchmarked drafters')."""
+    assert TUNED_PREPARED
+    for (tokens, n, k), (
+        dot,
+        block_n,
+        block_k,
+        warps,
+        stages,
+        waves,
+        mma,
+        tma,
+        narrow,
+    ) in TUNED_PREPARED.items():
+        assert tokens in (4, 16) and (tokens, n, k) in TUNED
+        assert dot and mma == 3 and not narrow
+        for v in (block_n, block_k, warps):
+            assert v & (v - 1) == 0
+        assert block_n >= 32 and block_k >= 128 and 2 <= stages <= 4 and 1 <= waves <= 16
+        if tma:
             assert block_k <= 256 and block_n <= 256 and k % 16 == 0
 
 
