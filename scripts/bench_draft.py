@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from mtpconv.formats.fp8 import quantize_fp8
-from mtpconv.kernels import Fp8Path, fp8_linear, pdl, run_path, takes_prepared, triton_available
+from mtpconv.kernels import Fp8Path, Prepared, fp8_linear, pdl, run_path, takes_prepared, triton_available
 
 DRAFT_VOCAB = 32_768
 L2_SAFE_BYTES = 400 * 2**20  # a graph reads at least this much before repeating a weight
@@ -198,7 +198,7 @@ class Fp8Rows(NamedTuple):
 
 
 LinearFn = Callable[[Any, Linear], torch.Tensor]  # (BF16 rows or Fp8Rows, weight) -> BF16 rows
-PrepareFn = Callable[[Linear, int], bool]  # whether the producer of (weight, tokens)'s input prepares it
+PrepareFn = Callable[[Linear, int], Prepared | None]  # what the producer of (weight, tokens)'s input hands it
 
 
 class Variant(NamedTuple):
@@ -350,23 +350,29 @@ def step(
     shared expert and the residual in one (:mod:`mtpconv.kernels.triton_glue`);
     ``torch`` does each with torch ops (softmax, topk, sum, divide, casts: the step of
     the first sessions' figures). ``prepare`` (with ``fused`` glue): the linears whose
-    input its producer hands over as FP8 rows (:class:`Fp8Rows`), that producer being the
-    launch the step makes there anyway: the concatenation before ``fc``, the copy of the
-    attention stand-in, a residual add, SiLU * up or the MoE sum
-    (:mod:`mtpconv.kernels.triton_quant`, ``triton_glue.combine_quant``)."""
+    input its producer hands over as FP8 rows (:class:`Fp8Rows`, one scale a row or for the
+    tensor), that producer being the launch the step makes there anyway: the concatenation
+    before ``fc``, the copy of the attention stand-in, a residual add, SiLU * up or the MoE
+    sum (:mod:`mtpconv.kernels.triton_quant`, ``triton_glue.combine_quant``); ``qkv``'s
+    producer is ``fc`` itself, so it always reads BF16 rows."""
     fused = glue == "fused"
     if fused:
         from mtpconv.kernels import triton_glue, triton_quant
     act = triton_glue.silu_mul if fused else silu_mul
     t = emb.shape[0]
 
-    def fp8(w: Linear | None) -> bool:
-        return fused and prepare is not None and w is not None and prepare(w, t)
+    def kind(w: Linear | None) -> Prepared | None:
+        return prepare(w, t) if fused and prepare is not None and w is not None else None
+
+    def fp8(w: Linear | None) -> bool:  # FP8 rows with one scale each
+        return kind(w) is Prepared.TOKEN
 
     def add(a: torch.Tensor, b: torch.Tensor, nxt: Linear | None) -> tuple[torch.Tensor, Any]:
         """``a + b``, and the next linear's input: the sum, or its FP8 rows."""
-        if fp8(nxt):
-            total, q, sc = triton_quant.add_quant(a, b)
+        k = kind(nxt)
+        if k is not None:
+            quant = triton_quant.add_quant if k is Prepared.TOKEN else triton_quant.add_quant_tensor
+            total, q, sc = quant(a, b)
             return total, Fp8Rows(q, sc)
         total = a + b
         return total, total

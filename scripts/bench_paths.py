@@ -60,11 +60,16 @@ def time_quant(fn: QuantFn, x: torch.Tensor, reps: int = 20) -> float:
     return bd.time_graph(lambda: [fn(x) for _ in range(reps)], reps=1) / reps
 
 
-def prepared_configs(sms: int) -> list[Any]:
-    """The skinny GEMM's swept configurations on prepared FP8 activations."""
+def prepared_configs(sms: int, wide: bool = False) -> list[Any]:
+    """The skinny GEMM's swept configurations on prepared FP8 activations (``wide``: 2-6
+    resident programs an SM, where the first sweep tried 2 and 4)."""
     from mtpconv.kernels.triton_skinny import MMA_PREPARED, Config
 
-    tiles = [(64, 128, 4, 4), (64, 256, 4, 2), (128, 128, 4, 2), (32, 256, 4, 4), (128, 256, 8, 2)]
+    if wide:
+        tiles = [(bn, bk, w, p) for bn, bk, w in ((64, 128, 4), (64, 256, 4), (128, 128, 4), (128, 256, 8))
+                 for p in (2, 3, 4, 5, 6)]  # fmt: skip
+    else:
+        tiles = [(64, 128, 4, 4), (64, 256, 4, 2), (128, 128, 4, 2), (32, 256, 4, 4), (128, 256, 8, 2)]
     return [
         Config(True, bn, bk, warps, stages, progs * sms, MMA_PREPARED, tma)
         for bn, bk, warps, progs in tiles
@@ -73,15 +78,15 @@ def prepared_configs(sms: int) -> list[Any]:
     ]
 
 
-def prepared(tokens: list[int]) -> None:
+def prepared(tokens: list[int], models: list[str], wide: bool) -> None:
     """``--prepared``: see the module's docstring. One line per (linear, tokens)."""
     from mtpconv.kernels import triton_skinny
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    cfgs = prepared_configs(triton_skinny.sm_count(dev.index or 0))
+    cfgs = prepared_configs(triton_skinny.sm_count(dev.index or 0), wide)
     seen: set[tuple[int, int]] = set()
-    for s in bd.SHAPES.values():
+    for s in (bd.SHAPES[m] for m in models):
         for name, (n, k) in bd.dense_shapes(s).items():
             if (n, k) not in seen:
                 seen.add((n, k))
@@ -137,9 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         "--per-row", action="store_true", help="distinct per-row weight scales, as fused shards carry"
     )
     ap.add_argument("--prepared", action="store_true", help="activations quantized per token beforehand")
+    ap.add_argument("--wide", action="store_true", help="--prepared: sweep 2-6 programs an SM")
+    ap.add_argument("--models", default=",".join(bd.SHAPES), help="--prepared: these models' linears")
     args = ap.parse_args(argv)
     if args.prepared:
-        prepared([int(v) for v in args.tokens.split(",")])
+        prepared([int(v) for v in args.tokens.split(",")], args.models.split(","), args.wide)
         return 0
     paths = [p for p in PATHS if not (args.per_row and p == "scaled_mm_static")]
     dev = torch.device("cuda")

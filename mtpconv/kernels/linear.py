@@ -189,6 +189,24 @@ def _weight_scale_row(w_scale: torch.Tensor, n: int) -> torch.Tensor:
     return s.reshape(1, n) if s.numel() > 1 else _ones_row(n, s.device) * s.reshape(1, 1)
 
 
+def _scaled_mm_per_tensor(
+    q: torch.Tensor,
+    sa: torch.Tensor,
+    w_fp8: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``torch._scaled_mm`` on FP8 rows ``q [M, K]`` with one scale ``sa`` (0-d)."""
+    if w_scale.numel() > 1:
+        # Row-wise torch._scaled_mm is slow at decode sizes (BENCHMARKS.md): run
+        # the per-tensor GEMM to float32 and apply the row scales after it.
+        y32 = reference.scaled_mm(q, w_fp8, sa, _ones_scalar(q.device), None, torch.float32)
+        y: torch.Tensor = _triton().row_scale_cast(y32, w_scale, bias, out_dtype)
+        return y
+    return reference.scaled_mm(q, w_fp8, sa, w_scale.to(torch.float32), bias, out_dtype)
+
+
 def run_path(
     path: Fp8Path,
     x: torch.Tensor,
@@ -216,13 +234,7 @@ def run_path(
     per_row_w = w_scale.numel() > 1
     if path is Fp8Path.SCALED_MM_FUSED:
         q, sa = _triton().quant_per_tensor(x)
-        if per_row_w:
-            # Row-wise torch._scaled_mm is slow at decode sizes (BENCHMARKS.md): run
-            # the per-tensor GEMM to float32 and apply the row scales after it.
-            y32 = reference.scaled_mm(q, w_fp8, sa, _ones_scalar(x.device), None, torch.float32)
-            y = _triton().row_scale_cast(y32, w_scale, bias, x.dtype)
-        else:
-            y = reference.scaled_mm(q, w_fp8, sa, w_scale.to(torch.float32), bias, x.dtype)
+        y = _scaled_mm_per_tensor(q, sa, w_fp8, w_scale, bias, x.dtype)
     elif path is Fp8Path.SCALED_MM_TOKEN:
         # Fold a per-tensor weight scale into the row scale: scale_b is then ones.
         if per_row_w:
@@ -261,14 +273,26 @@ def run_path(
     return y.reshape(*lead, n)
 
 
-def takes_prepared(tokens: int, n: int, k: int) -> bool:
-    """Whether :func:`fp8_linear` on a ``[n, k]`` weight is faster at ``tokens`` rows when the
-    producer of its input hands it FP8 rows with one scale each (``x_scale``; a concatenation,
-    a residual add or SiLU * up that quantizes as it writes:
-    :mod:`mtpconv.kernels.triton_quant`) than on BF16 rows: the shapes where the H200 measured
-    it so (``skinny_tuned.TUNED_PREPARED``, 2-16 tokens)."""
+class Prepared(str, Enum):
+    """What a linear's producer hands it in place of BF16 rows (:func:`takes_prepared`)."""
+
+    TOKEN = "token"  # FP8 rows with one scale each: the skinny GEMM's FP8 MMA
+    TENSOR = "tensor"  # FP8 rows with one scale for the tensor: cuBLAS (torch._scaled_mm)
+
+
+def takes_prepared(tokens: int, n: int, k: int) -> Prepared | None:
+    """What makes :func:`fp8_linear` on a ``[n, k]`` weight at ``tokens`` rows faster than
+    BF16 rows, when the producer of its input quantizes as it writes (a concatenation, a
+    residual add or SiLU * up: :mod:`mtpconv.kernels.triton_quant`), as the H200 measured:
+    per-token FP8 rows on the shapes of ``skinny_tuned.TUNED_PREPARED``, per-tensor ones
+    where ``fp8_linear`` would quantize per tensor itself (``SCALED_MM_SHAPES``); None
+    elsewhere (one token, beyond 16, other shapes)."""
     bucket = token_bucket(tokens)
-    return bucket is not None and (bucket, n, k) in TUNED_PREPARED
+    if tokens < 2 or bucket is None:
+        return None
+    if (bucket, n, k) in TUNED_PREPARED:
+        return Prepared.TOKEN
+    return Prepared.TENSOR if (bucket, n, k) in SCALED_MM_SHAPES else None
 
 
 def _prepared_linear(
@@ -279,24 +303,34 @@ def _prepared_linear(
     x_scale: torch.Tensor,
     out_dtype: torch.dtype | None,
 ) -> torch.Tensor:
-    """:func:`fp8_linear` on FP8 rows ``x * x_scale``: the skinny GEMM's FP8 MMA, or the
-    dequantized reference without Triton or CUDA."""
+    """:func:`fp8_linear` on FP8 rows ``x * x_scale``: cuBLAS with one scale for the tensor,
+    the skinny GEMM's FP8 MMA with one a row, or the dequantized reference without Triton
+    or CUDA."""
     if x.dtype != torch.float8_e4m3fn:
         raise TypeError(f"fp8_linear: x_scale comes with float8_e4m3fn rows, got {x.dtype}")
     if out_dtype is None:
         raise ValueError("fp8_linear: FP8 rows (x_scale) need an out_dtype")
     tokens = x.numel() // max(x.shape[-1], 1)
-    if x_scale.numel() != tokens:
-        raise ValueError(f"fp8_linear: x_scale needs one scale per row ({tokens}): {tuple(x_scale.shape)}")
+    per_tensor = x_scale.dim() == 0
+    if not per_tensor and x_scale.numel() != tokens:
+        raise ValueError(
+            f"fp8_linear: x_scale needs 0-d or one scale per row ({tokens}): {tuple(x_scale.shape)}"
+        )
+    sa = x_scale.to(torch.float32)
+    block = reference.is_block_scale(w_scale, *w_fp8.shape)
     if x.device.type == "cuda" and triton_available():
+        if per_tensor and not block and _fp8_mma(x.device):
+            y = _scaled_mm_per_tensor(x.reshape(-1, x.shape[-1]), sa, w_fp8, w_scale, bias, out_dtype)
+            return y.reshape(*x.shape[:-1], w_fp8.shape[0])
         from mtpconv.kernels import triton_skinny
 
-        y: torch.Tensor = triton_skinny.skinny_linear(
-            x, w_fp8, w_scale, bias, x_scale=x_scale.to(torch.float32), out_dtype=out_dtype
+        rows = sa.expand(tokens) if per_tensor else sa
+        out: torch.Tensor = triton_skinny.skinny_linear(
+            x, w_fp8, w_scale, bias, x_scale=rows.contiguous(), out_dtype=out_dtype
         )
-        return y
-    rows = x.to(torch.float32) * x_scale.to(torch.float32).reshape(*x.shape[:-1], 1)
-    return reference.dequant_linear(rows, w_fp8, w_scale, bias).to(out_dtype)
+        return out
+    deq = x.to(torch.float32) * (sa if per_tensor else sa.reshape(*x.shape[:-1], 1))
+    return reference.dequant_linear(deq, w_fp8, w_scale, bias).to(out_dtype)
 
 
 def fp8_linear(
@@ -320,9 +354,9 @@ def fp8_linear(
     ``[..., N]`` in ``x.dtype``. Safe inside CUDA graph capture (no host
     sync, no data-dependent choice).
 
-    ``x_scale``: ``x`` is float8_e4m3fn rows already, each ``x * x_scale`` (``[..., 1]`` or
-    one value per row, float32; see :func:`takes_prepared`), and ``out_dtype`` the output's
-    dtype; ``path`` and ``input_scale`` do not apply then.
+    ``x_scale``: ``x`` is float8_e4m3fn rows already, each ``x * x_scale`` (float32: 0-d,
+    one scale for the tensor, or one value per row; see :func:`takes_prepared`), and
+    ``out_dtype`` the output's dtype; ``path`` and ``input_scale`` do not apply then.
     """
     if w_fp8.dtype != torch.float8_e4m3fn:
         raise TypeError(f"fp8_linear needs a float8_e4m3fn weight, got {w_fp8.dtype}")

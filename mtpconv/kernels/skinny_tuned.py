@@ -67,7 +67,8 @@ TUNED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, int, bool
 # FP8 activations prepared before the launch (``skinny_linear(x_scale=...)``, ``mma`` 3): the
 # best of ``scripts/bench_paths.py --prepared --tokens 4,16`` (docs/BENCHMARKS.md, issue 12,
 # tenth session) on the shapes where it beat ``fp8_linear``'s own path on BF16 rows, the
-# activation's quantization left to its producer. us prepared / own path:
+# activation's quantization left to its producer. us prepared / own path; ``(wide)``: the
+# best of ``--prepared --wide --models qwen3.5-27b`` (2-6 programs an SM), same session:
 TUNED_PREPARED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, int, bool, bool]] = {
     (4, 4096, 8192): (True, 64, 256, 4, 3, 2, 3, False, False),  # Qwen3.5-397B fc, o: 12.3 / 14.2
     (4, 5120, 6144): (True, 64, 256, 4, 3, 2, 3, False, False),  # Qwen3.5-27B o: 12.0 / 13.5
@@ -75,7 +76,7 @@ TUNED_PREPARED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, 
     (4, 5120, 17408): (True, 64, 256, 4, 3, 2, 3, False, False),  # Qwen3.5-27B down: 26.2 / 28.6
     (4, 32768, 2048): (True, 128, 256, 8, 3, 2, 3, True, False),  # Qwen3-Next-80B head32k: 19.3 / 21.0
     (4, 32768, 4096): (True, 128, 256, 8, 3, 2, 3, True, False),  # Qwen3.5-397B head32k: 34.7 / 38.1
-    (4, 32768, 5120): (True, 64, 128, 4, 3, 4, 3, True, False),  # Qwen3.5-27B head32k: 42.9 / 46.8
+    (4, 32768, 5120): (True, 64, 128, 4, 4, 2, 3, False, False),  # Qwen3.5-27B head32k: 41.6 / 45.4 (wide)
     (16, 1024, 2048): (True, 32, 256, 4, 4, 4, 3, False, False),  # Qwen3-Next-80B shared_gate_up: 5.3 / 5.9
     (16, 2048, 512): (True, 64, 256, 4, 4, 2, 3, False, False),  # Qwen3-Next-80B shared_down: 4.5 / 4.9
     (16, 2048, 4096): (True, 64, 256, 4, 4, 2, 3, False, False),  # 397B shared_gate_up, Next fc, o: 7.2 / 8.6
@@ -86,7 +87,7 @@ TUNED_PREPARED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, 
     (16, 5120, 17408): (True, 64, 256, 4, 3, 2, 3, True, False),  # Qwen3.5-27B down: 27.2 / 30.1
     (16, 32768, 2048): (True, 128, 256, 8, 3, 2, 3, True, False),  # Qwen3-Next-80B head32k: 19.3 / 21.4
     (16, 32768, 4096): (True, 128, 256, 8, 3, 2, 3, True, False),  # Qwen3.5-397B head32k: 35.3 / 38.7
-    (16, 32768, 5120): (True, 128, 256, 8, 3, 2, 3, True, False),  # Qwen3.5-27B head32k: 43.0 / 47.1
+    (16, 32768, 5120): (True, 64, 128, 4, 3, 4, 3, False, False),  # Qwen3.5-27B head32k: 42.0 / 44.7 (wide)
 }
 
 

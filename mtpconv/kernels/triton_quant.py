@@ -5,7 +5,8 @@
   ``torch._scaled_mm`` can run with a unit weight scale, or applying SiLU * up first;
   ``quant_cat`` and ``add_quant`` are the same kernel as the producer of a linear's
   input (a concatenation, a residual add), so that the linear reads FP8 rows prepared
-  by a launch the step makes anyway.
+  by a launch the step makes anyway (``add_quant_tensor``: the same with one scale for
+  the tensor, as the one-pass kernel below).
 * ``quant_per_tensor``: dynamic per-tensor quantization in one launch (reading
   the activation once, its chunks in registers across a grid barrier, up to 4096
   elements x the SM count; two passes above).
@@ -33,10 +34,33 @@ _TINY = tl.constexpr(1.1754943508222875e-38)
 
 
 @triton.jit
+def fp8_scaled(x, amax):
+    """``x`` in FP8's range for the amax of its row: ``(x / scale clamped, scale)``."""
+    scale = tl.maximum(amax, _TINY) / FP8_MAX
+    return tl.clamp(x / scale, -FP8_MAX, FP8_MAX), scale
+
+
+@triton.jit
 def fp8_row(x):
     """A float32 row in FP8's range with one scale: ``(x / scale clamped, scale)``."""
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0), _TINY) / FP8_MAX
-    return tl.clamp(x / scale, -FP8_MAX, FP8_MAX), scale
+    return fp8_scaled(x, tl.max(tl.abs(x), axis=0))
+
+
+@triton.jit
+def agreed_amax(amax, slots_ptr, cnt_ptr, part, PARTS: tl.constexpr, SLOTS: tl.constexpr):
+    """The largest of the amaxes that ``PARTS`` resident programs hold, each its own
+    ``part``: each writes its amax to its slot and counts itself in on a 64-bit counter
+    that only grows (every launch adds ``PARTS``), so a program knows from its own arrival
+    when its launch is complete and nothing is reset after it (``SLOTS``: ``PARTS`` rounded
+    up to a power of two)."""
+    tl.atomic_xchg(slots_ptr + part, amax, sem="relaxed")
+    arrived = tl.atomic_add(cnt_ptr, 1, sem="release")
+    target = (arrived // PARTS + 1) * PARTS
+    now = arrived + 1
+    while now < target:  # an acquiring read (adding 0 compiles to a load)
+        now = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+    offs = tl.arange(0, SLOTS)
+    return tl.max(tl.load(slots_ptr + offs, mask=offs < PARTS, other=0.0, volatile=True), axis=0)
 
 
 # What a per-token quantization reads (``MODE``): a row of x; SiLU(gate) * up of a
@@ -52,6 +76,8 @@ def _quant_per_token_kernel(
     q_ptr,
     s_ptr,
     ws_ptr,
+    slots_ptr,
+    cnt_ptr,
     K,
     KX,
     stride_xm,
@@ -60,13 +86,18 @@ def _quant_per_token_kernel(
     HAS_WS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     MODE: tl.constexpr,
+    PARTS: tl.constexpr,
 ):
+    # Grid (rows, PARTS): each program holds BLOCK_K columns of its row in registers; with
+    # PARTS > 1 the row's programs (all resident: rows x PARTS <= the SM count) agree on
+    # its amax before they quantize.
     row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK_K)
+    part = tl.program_id(1)
+    offs = part * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = offs < K
     if MODE == 2:  # [x | y]: the first KX columns from x, the rest from y
         in_x = offs < KX
-        x = tl.load(x_ptr + row * stride_xm + offs, mask=in_x, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * stride_xm + offs, mask=mask & in_x, other=0.0).to(tl.float32)
         x += tl.load(y_ptr + row * stride_ym + offs - KX, mask=mask & ~in_x, other=0.0).to(tl.float32)
     else:
         x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
@@ -79,11 +110,15 @@ def _quant_per_token_kernel(
         )
         tl.store(sum_ptr + row * stride_qm + offs, total, mask=mask)
         x = total.to(tl.float32)
-    q, scale = fp8_row(x)
+    amax = tl.max(tl.abs(x), axis=0)
+    if PARTS > 1:
+        amax = agreed_amax(amax, slots_ptr + row * PARTS, cnt_ptr + row, part, PARTS, PARTS)
+    q, scale = fp8_scaled(x, amax)
     tl.store(q_ptr + row * stride_qm + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
-    if HAS_WS:
-        scale = scale * tl.load(ws_ptr)
-    tl.store(s_ptr + row, scale)
+    if part == 0:
+        if HAS_WS:
+            scale = scale * tl.load(ws_ptr)
+        tl.store(s_ptr + row, scale)
 
 
 @triton.jit
@@ -148,6 +183,8 @@ def _quant_tensor_kernel(
 @triton.jit
 def _quant_tensor_once_kernel(
     x_ptr,
+    y_ptr,
+    sum_ptr,
     q_ptr,
     s_ptr,
     slots_ptr,
@@ -156,29 +193,23 @@ def _quant_tensor_once_kernel(
     NPROG: tl.constexpr,
     SLOTS: tl.constexpr,
     CHUNK: tl.constexpr,
+    ADD: tl.constexpr,
 ):
     # Dynamic per-tensor quantization reading the activation once (decode sizes): each
-    # program holds its chunk in registers while the programs agree on the amax at a
-    # grid barrier (NPROG is at most the SM count, so all are resident). Each program
-    # writes its chunk's amax to its own slot and counts itself in on a 64-bit counter
-    # that only grows (every launch with this NPROG adds NPROG), so a program knows from
-    # its own arrival when its launch is complete and nothing is reset after it.
+    # program holds its chunk in registers while the programs agree on the amax
+    # (agreed_amax; NPROG is at most the SM count, so all are resident).
     pid = tl.program_id(0)
     offs = pid * CHUNK + tl.arange(0, CHUNK)
     mask = offs < numel
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if ADD:  # x + y, rounded to x's dtype and written (a residual add), is what is quantized
+        total = (x + tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + offs, total, mask=mask)
+        x = total.to(tl.float32)
     amax = tl.max(tl.abs(x), axis=0)
     if NPROG > 1:
-        tl.atomic_xchg(slots_ptr + pid, amax, sem="relaxed")
-        arrived = tl.atomic_add(cnt_ptr, 1, sem="release")
-        target = (arrived // NPROG + 1) * NPROG
-        now = arrived + 1
-        while now < target:  # an acquiring read (adding 0 compiles to a load)
-            now = tl.atomic_add(cnt_ptr, 0, sem="acquire")
-        offs_s = tl.arange(0, SLOTS)
-        amax = tl.max(tl.load(slots_ptr + offs_s, mask=offs_s < NPROG, other=0.0, volatile=True), axis=0)
-    scale = tl.maximum(amax, _TINY) / FP8_MAX
-    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+        amax = agreed_amax(amax, slots_ptr, cnt_ptr, pid, NPROG, SLOTS)
+    q, scale = fp8_scaled(x, amax)
     tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
     if pid == 0:
         tl.store(s_ptr, scale)
@@ -187,6 +218,37 @@ def _quant_tensor_once_kernel(
 def _rows(x: torch.Tensor) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+# Per-token quantization: columns a program holds at most before a row is split across
+# programs that agree on its amax (while rows x parts fit in one program per SM).
+TOKEN_CHUNK = 2048
+_TOKEN_STATE: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_TOKEN_KEEP: list[torch.Tensor] = []  # superseded state: a captured graph may still use it
+
+
+def _token_state(device: torch.device, rows: int, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slots ``[rows, parts]`` and per-row counters for split rows, per (device, stream,
+    parts); grown, never shrunk or reset (the counters only grow)."""
+    key = (*_stream_key(device), parts)
+    state = _TOKEN_STATE.get(key)
+    if state is None or state[1].numel() < rows:
+        if state is not None:
+            _TOKEN_KEEP.extend(state)
+        cap = max(rows, 64)
+        state = (
+            torch.zeros(cap * parts, dtype=torch.float32, device=device),
+            torch.zeros(cap, dtype=torch.int64, device=device),
+        )
+        _TOKEN_STATE[key] = state
+    return state
+
+
+def token_parts(rows: int, k: int, sms: int) -> int:
+    """Programs per row: one per ``TOKEN_CHUNK`` columns (a power of two), while every
+    program of the launch has an SM of its own; else one."""
+    parts = triton.next_power_of_2(triton.cdiv(k, TOKEN_CHUNK))
+    return parts if parts > 1 and rows * parts <= sms else 1
 
 
 def _per_token(
@@ -204,15 +266,20 @@ def _per_token(
     s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m == 0:
         return q, s
-    block_k = triton.next_power_of_2(k)
+    sms = _sm_count(x.device.index or 0) if x.device.type == "cuda" else 1
+    parts = token_parts(m, k, sms)
+    slots, counts = _token_state(x.device, m, parts) if parts > 1 else (s, s)
+    block_k = triton.next_power_of_2(triton.cdiv(k, parts))
     warps = 4 if block_k <= 2048 else (8 if block_k <= 8192 else 16)
-    _quant_per_token_kernel[(m,)](
+    _quant_per_token_kernel[(m, parts)](
         x,
         y if y is not None else x,
         total if total is not None else q,
         q,
         s,
         w_scale if w_scale is not None else s,
+        slots,
+        counts,
         k,
         x.shape[1],
         x.stride(0),
@@ -221,6 +288,7 @@ def _per_token(
         HAS_WS=w_scale is not None,
         BLOCK_K=block_k,
         MODE=mode,
+        PARTS=parts,
         num_warps=warps,
     )
     return q, s
@@ -310,6 +378,45 @@ def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
+def _once(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    s: torch.Tensor,
+    y: torch.Tensor | None = None,
+    total: torch.Tensor | None = None,
+) -> None:
+    """The one-pass per-tensor kernel over contiguous ``x`` (``x + y`` into ``total``)."""
+    numel = x.numel()
+    # Up to ONCE_ALONE elements one program holds them all (no barrier).
+    chunk = triton.next_power_of_2(numel) if numel <= ONCE_ALONE else ONCE_CHUNK
+    nprog = triton.cdiv(numel, chunk)
+    slots, count = _once_state(x.device, nprog)
+    _quant_tensor_once_kernel[(nprog,)](
+        x, y if y is not None else x, total if total is not None else q, q, s, slots, count, numel,
+        NPROG=nprog, SLOTS=triton.next_power_of_2(nprog), CHUNK=chunk, ADD=y is not None,
+        num_warps=max(4, min(16, chunk // 1024)),
+    )  # fmt: skip
+
+
+def add_quant_tensor(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x + y, *quant_per_tensor(x + y))`` in one launch (a residual add whose sum is also
+    the next linear's FP8 input, one scale for the tensor), up to ``ONCE_CHUNK`` x the SM
+    count elements."""
+    if x.shape != y.shape or x.dtype != y.dtype:
+        raise ValueError(
+            f"add_quant_tensor: {tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype} differ"
+        )
+    numel = x.numel()
+    if not 0 < numel <= ONCE_CHUNK * _sm_count(x.device.index or 0):
+        raise ValueError(f"add_quant_tensor: {numel} elements, one pass takes 1 to {ONCE_CHUNK} x SMs")
+    xc, yc = x.contiguous(), y.contiguous()
+    total = torch.empty_like(xc)
+    q = torch.empty(xc.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((), dtype=torch.float32, device=x.device)
+    _once(xc, q, s, yc, total)
+    return total, q, s
+
+
 def quant_per_tensor(x: torch.Tensor, one_pass: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-tensor FP8 quantization in one kernel: ``(q [M, K], scale 0-d)``.
 
@@ -329,14 +436,7 @@ def quant_per_tensor(x: torch.Tensor, one_pass: bool | None = None) -> tuple[tor
     elif one_pass and not fits:
         raise ValueError(f"quant_per_tensor: {numel} elements, one pass takes {ONCE_CHUNK} x SMs")
     if one_pass:
-        # Up to ONCE_ALONE elements one program holds them all (no barrier).
-        chunk = triton.next_power_of_2(numel) if numel <= ONCE_ALONE else ONCE_CHUNK
-        nprog = triton.cdiv(numel, chunk)
-        slots, count = _once_state(x.device, nprog)
-        _quant_tensor_once_kernel[(nprog,)](
-            xc, q, s, slots, count, numel, NPROG=nprog, SLOTS=triton.next_power_of_2(nprog),
-            CHUNK=chunk, num_warps=max(4, min(16, chunk // 1024)),
-        )  # fmt: skip
+        _once(xc, q, s)
         return q, s
     amax, sync = _sync_state(x.device)
     if numel <= SINGLE_PROGRAM_MAX:

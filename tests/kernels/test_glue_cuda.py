@@ -179,6 +179,9 @@ def test_producers_quantize_as_quant_per_token(tokens: int, hidden: int) -> None
     total, q, s = triton_quant.add_quant(a, b)
     assert torch.equal(total, a + b)
     assert _same_fp8((q, s), triton_quant.quant_per_token(a + b))
+    total, q, s = triton_quant.add_quant_tensor(a, b)  # one scale for the tensor
+    assert torch.equal(total, a + b) and s.dim() == 0
+    assert _same_fp8((q, s), triton_quant.quant_per_tensor(a + b))
     wide = rows(width=3 * hidden)
     assert _same_fp8(
         triton_quant.quant_per_token(wide[:, :hidden]),
@@ -204,3 +207,8 @@ def test_producers_refuse_what_does_not_fit() -> None:
         triton_quant.add_quant(a, a[:, :32])
     with pytest.raises(ValueError, match="add_quant"):
         triton_quant.add_quant(a, a.half())
+    with pytest.raises(ValueError, match="add_quant_tensor"):
+        triton_quant.add_quant_tensor(a, a[:3])
+    with pytest.raises(ValueError, match="one pass takes"):
+        big = torch.zeros(4096 * 1024, device="cuda", dtype=torch.bfloat16)
+        triton_quant.add_quant_tensor(big, big)

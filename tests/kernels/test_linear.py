@@ -183,20 +183,32 @@ def test_fp8_rows_prepared_by_their_producer_on_cpu() -> None:
         fp8_linear(x, w.weight, w.scale, x_scale=s, out_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="out_dtype"):
         fp8_linear(q, w.weight, w.scale, x_scale=s)
-    with pytest.raises(ValueError, match="one scale per row"):
+    with pytest.raises(ValueError, match="0-d or one scale per row"):
         fp8_linear(q, w.weight, w.scale, x_scale=s[:2], out_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="neither a path"):
         fp8_linear(q, w.weight, w.scale, x_scale=s, out_dtype=torch.bfloat16, path=Fp8Path.DEQUANT)
 
 
 def test_prepared_rows_only_where_measured_faster() -> None:
-    from mtpconv.kernels import takes_prepared
+    from mtpconv.kernels import Prepared, takes_prepared
 
-    assert takes_prepared(4, 5120, 10240) and takes_prepared(16, 5120, 17408)  # 27B fc, down
-    assert takes_prepared(2, 5120, 6144)  # 2-4 tokens: the 4-token measurement
-    assert not takes_prepared(1, 5120, 10240)  # one token: the weight-only GEMV
-    assert not takes_prepared(4, 14336, 5120)  # 27B qkv: cuBLAS on BF16 rows was faster
-    assert not takes_prepared(17, 5120, 10240) and not takes_prepared(4, 777, 333)
+    assert takes_prepared(4, 5120, 10240) is Prepared.TOKEN  # 27B fc
+    assert takes_prepared(16, 5120, 17408) is Prepared.TOKEN  # 27B down
+    assert takes_prepared(2, 5120, 6144) is Prepared.TOKEN  # 2-4 tokens: the 4-token measurement
+    assert takes_prepared(4, 34816, 5120) is Prepared.TENSOR  # 27B gate_up: cuBLAS per tensor
+    assert takes_prepared(1, 5120, 10240) is None  # one token: the weight-only GEMV
+    assert takes_prepared(1, 34816, 5120) is None
+    assert takes_prepared(17, 5120, 10240) is None and takes_prepared(4, 777, 333) is None
+
+
+def test_fp8_rows_with_one_scale_for_the_tensor_on_cpu() -> None:
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 64, generator=g).to(torch.bfloat16)
+    q, s = reference.quant_per_tensor(x)
+    w = quantize_fp8(torch.randn(24, 64, generator=g))
+    y = fp8_linear(q, w.weight, w.scale, x_scale=s, out_dtype=torch.float16)
+    ref = (q.double() * s.double()) @ (w.weight.double() * w.scale.double()).t()
+    assert y.dtype == torch.float16 and _rel(y, ref) < 1e-2
 
 
 def test_static_path_needs_input_scale() -> None:

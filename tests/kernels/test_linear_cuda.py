@@ -188,6 +188,10 @@ def test_skinny_prepared_fp8_activations_match_reference(m: int, n: int, k: int,
     ref = _ref(xq.double() * xs.double(), w, s, b)
     y = fp8_linear(xq, w, s, b, x_scale=xs, out_dtype=torch.bfloat16)
     assert torch.equal(y, ts.skinny_linear(xq, w, s, b, x_scale=xs, out_dtype=torch.bfloat16))
+    # one scale for the tensor: cuBLAS where the weight scale allows, else the skinny GEMM
+    tq, ts_ = reference.quant_per_tensor(x)
+    ref_t = _ref(tq.double() * ts_.double(), w, s, b)
+    assert _rel(fp8_linear(tq, w, s, b, x_scale=ts_, out_dtype=torch.bfloat16), ref_t) < 1e-2
     rule = ts.Config(True, 64, 128, 4, 3, 4 * ts.sm_count(0), ts.MMA_PREPARED)
     # the default (tuned tile or rule), no split, wide tiles, with and without TMA
     for cfg in (None, rule._replace(programs=1), rule._replace(block_n=128, block_k=256), rule):
@@ -506,6 +510,43 @@ def test_triton_per_token_quant_matches_torch() -> None:
     differ = (q.float() != q_ref.float()).float().mean().item()
     assert differ < 1e-3
     assert _rel(q.float() * s, x.float()) < 0.05
+
+
+@pytest.mark.parametrize(
+    ("rows", "k"), [(1, 10240), (4, 17408), (16, 5120), (4, 34816), (3, 2049), (40, 1024)]
+)
+def test_split_rows_per_token_quant_matches_torch_in_graph_replays(rows: int, k: int) -> None:
+    """Rows wider than ``TOKEN_CHUNK`` are split across programs that agree on each row's
+    amax through counters that only grow: the same scales as torch's, every time, eagerly
+    and over CUDA-graph replays of two launches (rows of 1e-3 to 1e4), with SiLU * up too."""
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import triton_glue, triton_quant
+
+    parts = triton_quant.token_parts(rows, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert parts == 1 or parts * triton_quant.TOKEN_CHUNK >= k
+    spread = torch.logspace(-3, 4, rows, device=DEV)[:, None]
+    x = (torch.randn(rows, k, device=DEV) * spread).to(torch.bfloat16)
+    pairs = (torch.randn(rows, 2 * k, device=DEV) * spread).to(torch.bfloat16)
+
+    def check(q: torch.Tensor, s: torch.Tensor, ref_of: torch.Tensor) -> None:
+        q_ref, s_ref = reference.quant_per_token(ref_of)
+        torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
+        assert (q.float() != q_ref.float()).float().mean().item() < 1e-3
+
+    for _ in range(3):
+        check(*triton_quant.quant_per_token(x), x)
+    check(*triton_quant.quant_per_token(pairs, act=True), triton_glue.silu_mul(pairs))  # the same SiLU
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out1 = triton_quant.quant_per_token(x)
+        out2 = triton_quant.quant_per_token(pairs, act=True)
+    for scale in (1.0, 1e-3, 300.0):
+        x.copy_((x.float() * scale).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(*out1, x)
+        check(*out2, triton_glue.silu_mul(pairs))
 
 
 def test_fused_per_tensor_quant_matches_torch_and_resets() -> None:
