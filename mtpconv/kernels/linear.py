@@ -319,7 +319,8 @@ def _prepared_linear(
     sa = x_scale.to(torch.float32)
     block = reference.is_block_scale(w_scale, *w_fp8.shape)
     if x.device.type == "cuda" and triton_available():
-        if per_tensor and not block and _fp8_mma(x.device):
+        n, k = w_fp8.shape
+        if per_tensor and not block and _fp8_mma(x.device) and n % 16 == 0 and k % 16 == 0:  # cuBLAS's rule
             y = _scaled_mm_per_tensor(x.reshape(-1, x.shape[-1]), sa, w_fp8, w_scale, bias, out_dtype)
             return y.reshape(*x.shape[:-1], w_fp8.shape[0])
         from mtpconv.kernels import triton_skinny

@@ -245,10 +245,12 @@ def _token_state(device: torch.device, rows: int, parts: int) -> tuple[torch.Ten
 
 
 def token_parts(rows: int, k: int, sms: int) -> int:
-    """Programs per row: one per ``TOKEN_CHUNK`` columns (a power of two), while every
-    program of the launch has an SM of its own; else one."""
-    parts = triton.next_power_of_2(triton.cdiv(k, TOKEN_CHUNK))
-    return parts if parts > 1 and rows * parts <= sms else 1
+    """Programs per row: one per ``TOKEN_CHUNK`` columns (a power of two), as many as give
+    every program of the launch an SM of its own; one where two would not."""
+    parts = int(triton.next_power_of_2(triton.cdiv(k, TOKEN_CHUNK)))
+    while parts > 1 and rows * parts > sms:
+        parts //= 2
+    return parts
 
 
 def _per_token(

@@ -211,6 +211,14 @@ def test_fp8_rows_with_one_scale_for_the_tensor_on_cpu() -> None:
     assert y.dtype == torch.float16 and _rel(y, ref) < 1e-2
 
 
+def test_per_token_rows_split_only_while_every_program_has_an_sm() -> None:
+    tq = pytest.importorskip("mtpconv.kernels.triton_quant")
+    assert tq.token_parts(4, 17408, 132) == 16  # 4 x 16 programs
+    assert tq.token_parts(16, 17408, 132) == 8  # 16 x 16 would not fit: 16 x 8
+    assert tq.token_parts(16, 2048, 132) == 1 and tq.token_parts(1, 2049, 132) == 2
+    assert tq.token_parts(200, 10240, 132) == 1
+
+
 def test_static_path_needs_input_scale() -> None:
     x, w, s = _case(2, 16, 32)
     with pytest.raises(ValueError, match="input_scale"):
