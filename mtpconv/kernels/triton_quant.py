@@ -221,8 +221,11 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 # Per-token quantization: columns a program holds at most before a row is split across
-# programs that agree on its amax (while rows x parts fit in one program per SM).
-TOKEN_CHUNK = 2048
+# programs that agree on its amax (while rows x parts fit in one program per SM). Measured
+# in the 27B step at 4 tokens (docs/BENCHMARKS.md, issue 12, tenth session): rows of 5120-
+# 6144 took 1.6-2.0 us in one program and 2.3-2.7 us split in four; rows of 17408 (SiLU *
+# up) 5.8 us in one program and 2.9 us split in sixteen.
+TOKEN_CHUNK = 8192
 _TOKEN_STATE: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 _TOKEN_KEEP: list[torch.Tensor] = []  # superseded state: a captured graph may still use it
 

@@ -213,9 +213,10 @@ def test_fp8_rows_with_one_scale_for_the_tensor_on_cpu() -> None:
 
 def test_per_token_rows_split_only_while_every_program_has_an_sm() -> None:
     tq = pytest.importorskip("mtpconv.kernels.triton_quant")
-    assert tq.token_parts(4, 17408, 132) == 16  # 4 x 16 programs
-    assert tq.token_parts(16, 17408, 132) == 8  # 16 x 16 would not fit: 16 x 8
-    assert tq.token_parts(16, 2048, 132) == 1 and tq.token_parts(1, 2049, 132) == 2
+    assert tq.TOKEN_CHUNK == 8192
+    assert tq.token_parts(4, 17408, 132) == 4 and tq.token_parts(16, 34816, 132) == 8
+    assert tq.token_parts(64, 34816, 132) == 2  # 64 x 8 would not fit: 64 x 2
+    assert tq.token_parts(16, 8192, 132) == 1 and tq.token_parts(1, 8193, 132) == 2
     assert tq.token_parts(200, 10240, 132) == 1
 
 

@@ -513,7 +513,8 @@ def test_triton_per_token_quant_matches_torch() -> None:
 
 
 @pytest.mark.parametrize(
-    ("rows", "k"), [(1, 10240), (4, 17408), (16, 5120), (4, 34816), (3, 2049), (40, 1024)]
+    ("rows", "k"),
+    [(1, 10240), (4, 17408), (16, 17408), (16, 5120), (4, 34816), (3, 8193), (40, 1024), (64, 34816)],
 )
 def test_split_rows_per_token_quant_matches_torch_in_graph_replays(rows: int, k: int) -> None:
     """Rows wider than ``TOKEN_CHUNK`` are split across programs that agree on each row's
