@@ -357,7 +357,7 @@ def step(
     producer is ``fc`` itself, so it always reads BF16 rows."""
     fused = glue == "fused"
     if fused:
-        from mtpconv.kernels import triton_glue, triton_quant
+        from mtpconv.kernels import triton_glue, triton_quant, triton_quant_tensor
     act = triton_glue.silu_mul if fused else silu_mul
     t = emb.shape[0]
 
@@ -371,7 +371,7 @@ def step(
         """``a + b``, and the next linear's input: the sum, or its FP8 rows."""
         k = kind(nxt)
         if k is not None:
-            quant = triton_quant.add_quant if k is Prepared.TOKEN else triton_quant.add_quant_tensor
+            quant = triton_quant.add_quant if k is Prepared.TOKEN else triton_quant_tensor.add_quant_tensor
             total, q, sc = quant(a, b)
             return total, Fp8Rows(q, sc)
         total = a + b

@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_draft as bd  # noqa: E402
 
-from mtpconv.kernels import Fp8Path, run_path, triton_fp8, triton_quant  # noqa: E402
+from mtpconv.kernels import Fp8Path, run_path, triton_fp8, triton_quant, triton_quant_tensor  # noqa: E402
 
 QuantFn = Callable[[torch.Tensor], Any]
 PATHS = ("wo_skinny", "scaled_mm_fused", "scaled_mm_static")
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator(device=dev).manual_seed(0)
     s_in = torch.tensor(4.0 / 448.0, device=dev)
     one_pass = triton_fp8.quant_per_tensor
-    two_pass = functools.partial(triton_quant.quant_per_tensor, one_pass=False)
+    two_pass = functools.partial(triton_quant_tensor.quant_per_tensor, one_pass=False)
     seen: set[tuple[int, int]] = set()
     for s in bd.SHAPES.values():
         for name, (n, k) in bd.dense_shapes(s).items():
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                 q = {
                     "one_pass": time_quant(one_pass, x),
                     "two_pass": time_quant(two_pass, x),
-                    "static": time_quant(lambda v: triton_quant.quant_static(v, s_in), x),
+                    "static": time_quant(lambda v: triton_quant_tensor.quant_static(v, s_in), x),
                 }
                 print(
                     f"{s.name} {name} {n}x{k} T={t}: "

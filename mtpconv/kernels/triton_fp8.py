@@ -240,6 +240,7 @@ def row_scale_cast(
 
 # Re-exported for callers of the one-module layout this package had.
 from mtpconv.kernels.triton_moe_pairs import wo_moe  # noqa: E402
-from mtpconv.kernels.triton_quant import quant_per_tensor, quant_per_token, quant_static  # noqa: E402
+from mtpconv.kernels.triton_quant import quant_per_token  # noqa: E402
+from mtpconv.kernels.triton_quant_tensor import quant_per_tensor, quant_static  # noqa: E402
 
 __all__ = ["quant_per_tensor", "quant_per_token", "quant_static", "row_scale_cast", "wo_linear", "wo_moe"]

@@ -1,16 +1,15 @@
 """Triton activation-quantization kernels for the W8A8 paths (CUDA only; imported lazily).
 
-* ``quant_per_token``: dynamic per-token FP8 quantization in one kernel (one
-  program per row), optionally folding the weight scale into the row scale so
+* ``quant_per_token``: dynamic per-token FP8 quantization in one kernel (a row a
+  program, or rows beyond ``TOKEN_CHUNK`` columns split across programs that agree on
+  the row's amax), optionally folding the weight scale into the row scale so
   ``torch._scaled_mm`` can run with a unit weight scale, or applying SiLU * up first;
   ``quant_cat`` and ``add_quant`` are the same kernel as the producer of a linear's
   input (a concatenation, a residual add), so that the linear reads FP8 rows prepared
-  by a launch the step makes anyway (``add_quant_tensor``: the same with one scale for
-  the tensor, as the one-pass kernel below).
-* ``quant_per_tensor``: dynamic per-tensor quantization in one launch (reading
-  the activation once, its chunks in registers across a grid barrier, up to 4096
-  elements x the SM count; two passes above).
-* ``quant_static``: quantization with a given scale.
+  by a launch the step makes anyway.
+* The device functions the other quantizing kernels share (``fp8_scaled``,
+  ``fp8_row``, ``agreed_amax``). One scale for the whole tensor:
+  :mod:`mtpconv.kernels.triton_quant_tensor`.
 
 The weight-only paths (``triton_skinny``, ``triton_fp8.wo_linear``) need none
 of these: they read BF16/FP16 activations directly.
@@ -30,13 +29,13 @@ import triton.language as tl
 # Globals read inside @triton.jit functions must be tl.constexpr.
 FP8_MAX = tl.constexpr(448.0)
 # Smallest positive normal float32 (same floor as mtpconv.formats.fp8).
-_TINY = tl.constexpr(1.1754943508222875e-38)
+FP8_TINY = tl.constexpr(1.1754943508222875e-38)
 
 
 @triton.jit
 def fp8_scaled(x, amax):
     """``x`` in FP8's range for the amax of its row: ``(x / scale clamped, scale)``."""
-    scale = tl.maximum(amax, _TINY) / FP8_MAX
+    scale = tl.maximum(amax, FP8_TINY) / FP8_MAX
     return tl.clamp(x / scale, -FP8_MAX, FP8_MAX), scale
 
 
@@ -121,98 +120,14 @@ def _quant_per_token_kernel(
         tl.store(s_ptr + row, scale)
 
 
-@triton.jit
-def _quant_static_kernel(x_ptr, q_ptr, s_ptr, numel, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    q = tl.clamp(x / tl.load(s_ptr), -FP8_MAX, FP8_MAX)
-    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+def stream_key(device: torch.device) -> tuple[int, int]:
+    # Barrier state is kept per (device, stream): launches on one stream are ordered.
+    return device.index or 0, torch.cuda.current_stream(device).cuda_stream
 
 
-@triton.jit
-def _quant_tensor_kernel(
-    x_ptr,
-    q_ptr,
-    s_ptr,
-    amax_ptr,
-    sync_ptr,
-    numel,
-    chunk,
-    NPROG: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    # Dynamic per-tensor quantization in ONE launch. With one program (small
-    # activations: decode) it is a plain two-pass loop. With several, every
-    # program folds its chunk's amax into a global atomic max, waits at a grid
-    # barrier (NPROG is at most the SM count, so all programs are resident),
-    # then quantizes its chunk with the global scale; the last program out
-    # resets the barrier state for the next launch.
-    pid = tl.program_id(0)
-    start = pid * chunk
-    local = tl.zeros((BLOCK,), dtype=tl.float32)
-    for off in range(0, chunk, BLOCK):
-        offs = start + off + tl.arange(0, BLOCK)
-        mask = (offs < numel) & (off + tl.arange(0, BLOCK) < chunk)
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        local = tl.maximum(local, tl.abs(x))
-    amax = tl.max(local, axis=0)
-    if NPROG > 1:
-        tl.atomic_max(amax_ptr, amax)
-        arrived = tl.atomic_add(sync_ptr, 1) + 1
-        while arrived < NPROG:
-            arrived = tl.atomic_add(sync_ptr, 0)
-        amax = tl.atomic_max(amax_ptr, 0.0)
-    scale = tl.maximum(amax, _TINY) / FP8_MAX
-    for off in range(0, chunk, BLOCK):
-        offs = start + off + tl.arange(0, BLOCK)
-        mask = (offs < numel) & (off + tl.arange(0, BLOCK) < chunk)
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
-        tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
-    if pid == 0:
-        tl.store(s_ptr, scale)
-    if NPROG > 1:
-        departed = tl.atomic_add(sync_ptr + 1, 1) + 1
-        if departed == NPROG:
-            tl.atomic_xchg(amax_ptr, 0.0)
-            tl.atomic_xchg(sync_ptr, 0)
-            tl.atomic_xchg(sync_ptr + 1, 0)
-
-
-@triton.jit
-def _quant_tensor_once_kernel(
-    x_ptr,
-    y_ptr,
-    sum_ptr,
-    q_ptr,
-    s_ptr,
-    slots_ptr,
-    cnt_ptr,
-    numel,
-    NPROG: tl.constexpr,
-    SLOTS: tl.constexpr,
-    CHUNK: tl.constexpr,
-    ADD: tl.constexpr,
-):
-    # Dynamic per-tensor quantization reading the activation once (decode sizes): each
-    # program holds its chunk in registers while the programs agree on the amax
-    # (agreed_amax; NPROG is at most the SM count, so all are resident).
-    pid = tl.program_id(0)
-    offs = pid * CHUNK + tl.arange(0, CHUNK)
-    mask = offs < numel
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if ADD:  # x + y, rounded to x's dtype and written (a residual add), is what is quantized
-        total = (x + tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(sum_ptr.dtype.element_ty)
-        tl.store(sum_ptr + offs, total, mask=mask)
-        x = total.to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=0)
-    if NPROG > 1:
-        amax = agreed_amax(amax, slots_ptr, cnt_ptr, pid, NPROG, SLOTS)
-    q, scale = fp8_scaled(x, amax)
-    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
-    if pid == 0:
-        tl.store(s_ptr, scale)
+@functools.lru_cache(maxsize=8)
+def sm_count(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -233,7 +148,7 @@ _TOKEN_KEEP: list[torch.Tensor] = []  # superseded state: a captured graph may s
 def _token_state(device: torch.device, rows: int, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Slots ``[rows, parts]`` and per-row counters for split rows, per (device, stream,
     parts); grown, never shrunk or reset (the counters only grow)."""
-    key = (*_stream_key(device), parts)
+    key = (*stream_key(device), parts)
     state = _TOKEN_STATE.get(key)
     if state is None or state[1].numel() < rows:
         if state is not None:
@@ -271,7 +186,7 @@ def _per_token(
     s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m == 0:
         return q, s
-    sms = _sm_count(x.device.index or 0) if x.device.type == "cuda" else 1
+    sms = sm_count(x.device.index or 0) if x.device.type == "cuda" else 1
     parts = token_parts(m, k, sms)
     slots, counts = _token_state(x.device, m, parts) if parts > 1 else (s, s)
     block_k = triton.next_power_of_2(triton.cdiv(k, parts))
@@ -335,137 +250,3 @@ def add_quant(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     total = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     q, s = _per_token(ADD, x2, y2, x2.shape[1], total=total)
     return total.reshape(x.shape), q, s
-
-
-# Activations up to this many elements are quantized by a single program.
-SINGLE_PROGRAM_MAX = 96 * 1024
-# One-pass kernel: elements per program (held in registers); it takes activations of
-# up to ONCE_CHUNK x the SM count elements (one program per SM at most, all resident).
-ONCE_CHUNK = 4096
-ONCE_ALONE = 16384
-_SYNC: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-_ONCE: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _stream_key(device: torch.device) -> tuple[int, int]:
-    # Barrier state is kept per (device, stream): launches on one stream are ordered.
-    return device.index or 0, torch.cuda.current_stream(device).cuda_stream
-
-
-def _sync_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two-pass kernel's amax and its arrival / departure counters."""
-    key = _stream_key(device)
-    state = _SYNC.get(key)
-    if state is None:
-        state = (
-            torch.zeros(1, dtype=torch.float32, device=device),
-            torch.zeros(2, dtype=torch.int32, device=device),
-        )
-        _SYNC[key] = state
-    return state
-
-
-def _once_state(device: torch.device, nprog: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The one-pass kernel's amax slots and its counter, one pair per program count."""
-    key = (*_stream_key(device), nprog)
-    state = _ONCE.get(key)
-    if state is None:
-        state = (
-            torch.zeros(nprog, dtype=torch.float32, device=device),
-            torch.zeros(1, dtype=torch.int64, device=device),
-        )
-        _ONCE[key] = state
-    return state
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
-
-
-def _once(
-    x: torch.Tensor,
-    q: torch.Tensor,
-    s: torch.Tensor,
-    y: torch.Tensor | None = None,
-    total: torch.Tensor | None = None,
-) -> None:
-    """The one-pass per-tensor kernel over contiguous ``x`` (``x + y`` into ``total``)."""
-    numel = x.numel()
-    # Up to ONCE_ALONE elements one program holds them all (no barrier).
-    chunk = triton.next_power_of_2(numel) if numel <= ONCE_ALONE else ONCE_CHUNK
-    nprog = triton.cdiv(numel, chunk)
-    slots, count = _once_state(x.device, nprog)
-    _quant_tensor_once_kernel[(nprog,)](
-        x, y if y is not None else x, total if total is not None else q, q, s, slots, count, numel,
-        NPROG=nprog, SLOTS=triton.next_power_of_2(nprog), CHUNK=chunk, ADD=y is not None,
-        num_warps=max(4, min(16, chunk // 1024)),
-    )  # fmt: skip
-
-
-def add_quant_tensor(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(x + y, *quant_per_tensor(x + y))`` in one launch (a residual add whose sum is also
-    the next linear's FP8 input, one scale for the tensor), up to ``ONCE_CHUNK`` x the SM
-    count elements."""
-    if x.shape != y.shape or x.dtype != y.dtype:
-        raise ValueError(
-            f"add_quant_tensor: {tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype} differ"
-        )
-    numel = x.numel()
-    if not 0 < numel <= ONCE_CHUNK * _sm_count(x.device.index or 0):
-        raise ValueError(f"add_quant_tensor: {numel} elements, one pass takes 1 to {ONCE_CHUNK} x SMs")
-    xc, yc = x.contiguous(), y.contiguous()
-    total = torch.empty_like(xc)
-    q = torch.empty(xc.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty((), dtype=torch.float32, device=x.device)
-    _once(xc, q, s, yc, total)
-    return total, q, s
-
-
-def quant_per_tensor(x: torch.Tensor, one_pass: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic per-tensor FP8 quantization in one kernel: ``(q [M, K], scale 0-d)``.
-
-    ``one_pass`` (default: wherever it fits, up to ``ONCE_CHUNK`` x the SM count
-    elements): the kernel that reads the activation once, its chunks in registers
-    across a grid barrier; else one program with two passes at decode sizes, the
-    two-pass grid barrier above ``SINGLE_PROGRAM_MAX``."""
-    xc = x.reshape(-1, x.shape[-1])
-    if not xc.is_contiguous():
-        xc = xc.contiguous()
-    numel = xc.numel()
-    q = torch.empty(xc.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty((), dtype=torch.float32, device=x.device)
-    fits = 0 < numel <= ONCE_CHUNK * _sm_count(x.device.index or 0)
-    if one_pass is None:
-        one_pass = fits
-    elif one_pass and not fits:
-        raise ValueError(f"quant_per_tensor: {numel} elements, one pass takes {ONCE_CHUNK} x SMs")
-    if one_pass:
-        _once(xc, q, s)
-        return q, s
-    amax, sync = _sync_state(x.device)
-    if numel <= SINGLE_PROGRAM_MAX:
-        # One program, no atomics (two passes over at most 192 KB that the previous
-        # kernel just wrote to L2).
-        block = 4096
-        chunk = triton.cdiv(numel, block) * block
-        nprog, warps = 1, 16
-    else:
-        block = 1024
-        per_prog = max(4 * block, triton.cdiv(numel, _sm_count(x.device.index or 0)))
-        chunk = triton.cdiv(per_prog, block) * block
-        nprog, warps = triton.cdiv(numel, chunk), 4
-    _quant_tensor_kernel[(nprog,)](
-        xc, q, s, amax, sync, numel, chunk, NPROG=nprog, BLOCK=block, num_warps=warps
-    )
-    return q, s
-
-
-def quant_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """FP8 quantization of ``x`` with a given float32 scale (one kernel)."""
-    xc = x.reshape(-1, x.shape[-1]).contiguous()
-    q = torch.empty(xc.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    numel = xc.numel()
-    block = 1024
-    _quant_static_kernel[(triton.cdiv(numel, block),)](xc, q, scale, numel, BLOCK=block)
-    return q

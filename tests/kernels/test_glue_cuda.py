@@ -165,7 +165,7 @@ def test_producers_quantize_as_quant_per_token(tokens: int, hidden: int) -> None
     the attention stand-in, a residual add, the MoE sum) is bit for bit what the producer's
     output quantized by ``quant_per_token`` would be, and the producer's own output is
     unchanged (rows of 1e-3 to 1e4)."""
-    from mtpconv.kernels import triton_glue, triton_quant
+    from mtpconv.kernels import triton_glue, triton_quant, triton_quant_tensor
 
     g = torch.Generator(device="cuda").manual_seed(tokens * 7 + hidden)
     spread = torch.logspace(-3, 4, tokens, device="cuda")[:, None]
@@ -179,9 +179,9 @@ def test_producers_quantize_as_quant_per_token(tokens: int, hidden: int) -> None
     total, q, s = triton_quant.add_quant(a, b)
     assert torch.equal(total, a + b)
     assert _same_fp8((q, s), triton_quant.quant_per_token(a + b))
-    total, q, s = triton_quant.add_quant_tensor(a, b)  # one scale for the tensor
+    total, q, s = triton_quant_tensor.add_quant_tensor(a, b)  # one scale for the tensor
     assert torch.equal(total, a + b) and s.dim() == 0
-    assert _same_fp8((q, s), triton_quant.quant_per_tensor(a + b))
+    assert _same_fp8((q, s), triton_quant_tensor.quant_per_tensor(a + b))
     wide = rows(width=3 * hidden)
     assert _same_fp8(
         triton_quant.quant_per_token(wide[:, :hidden]),
@@ -198,7 +198,7 @@ def test_producers_quantize_as_quant_per_token(tokens: int, hidden: int) -> None
 
 
 def test_producers_refuse_what_does_not_fit() -> None:
-    from mtpconv.kernels import triton_quant
+    from mtpconv.kernels import triton_quant, triton_quant_tensor
 
     a = torch.randn(4, 64, device="cuda").to(torch.bfloat16)
     with pytest.raises(ValueError, match="quant_cat"):
@@ -208,7 +208,7 @@ def test_producers_refuse_what_does_not_fit() -> None:
     with pytest.raises(ValueError, match="add_quant"):
         triton_quant.add_quant(a, a.half())
     with pytest.raises(ValueError, match="add_quant_tensor"):
-        triton_quant.add_quant_tensor(a, a[:3])
+        triton_quant_tensor.add_quant_tensor(a, a[:3])
     with pytest.raises(ValueError, match="one pass takes"):
         big = torch.zeros(4096 * 1024, device="cuda", dtype=torch.bfloat16)
-        triton_quant.add_quant_tensor(big, big)
+        triton_quant_tensor.add_quant_tensor(big, big)

@@ -303,6 +303,24 @@ _INTERPRETED = textwrap.dedent(
         for scale, b in ((q.scale, None), (rows, bias), (blocks, bias)):
             y = ts.skinny_linear(x, q.weight, scale, b, config=ts.Config(m > 1, 16, 64, 4, 2, progs))
             assert rel(y, reference.dequant_linear(x, q.weight, scale, b)) < 1e-2, (m, n, k, progs)
+    # FP8 rows prepared before the launch (x_scale), with and without split-K; the producers
+    # quantize as quant_per_token does (the interpreter truncates casts: compared with itself)
+    from mtpconv.kernels import triton_quant as tq
+    for m, n, k, progs in [(3, 40, 300, 64), (17, 32, 272, 1)]:
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+        xq, xs = reference.quant_per_token(x)
+        q = quantize_fp8(torch.randn(n, k, generator=g))
+        rows = torch.rand(n, generator=g) + 0.5
+        blocks = torch.rand(-(-n // 128), -(-k // 128), generator=g) + 0.5
+        for scale in (q.scale, rows, blocks):
+            cfg = ts.Config(True, 16, 64, 4, 2, progs, ts.MMA_PREPARED)
+            y = ts.skinny_linear(xq, q.weight, scale, config=cfg, x_scale=xs, out_dtype=torch.bfloat16)
+            ref = reference.dequant_linear(xq.float() * xs, q.weight, scale)
+            assert rel(y, ref) < 1e-2, (m, n, k, progs)
+        a = x[:, : k // 2]
+        qc, sc = tq.quant_cat(a, x[:, k // 2 :])
+        qp, sp = tq.quant_per_token(x)
+        assert torch.equal(sc, sp) and torch.equal(qc.view(torch.uint8), qp.view(torch.uint8))
     # grouped experts (fp16 tl.dot), SiLU * up fused and routing weights
     q = quantize_fp8(torch.randn(e, n, k, generator=g))
     deq = q.weight.double() * q.scale.double()[:, None, None]

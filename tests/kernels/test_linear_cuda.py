@@ -554,7 +554,7 @@ def test_split_rows_per_token_quant_matches_torch_in_graph_replays(rows: int, k:
 def test_fused_per_tensor_quant_matches_torch_and_resets() -> None:
     if not triton_available():
         pytest.skip("needs triton")
-    from mtpconv.kernels import triton_quant
+    from mtpconv.kernels import triton_quant_tensor
 
     # Several sizes (one program .. every SM), both kernels interleaved, repeated
     # launches: each grid barrier must leave its state ready for the next launch.
@@ -564,31 +564,35 @@ def test_fused_per_tensor_quant_matches_torch_and_resets() -> None:
             x = (torch.randn(m, k, device=DEV) * (m + 1)).to(torch.bfloat16)
             q_ref, s_ref = reference.quant_per_tensor(x)
             fits = (
-                m * k <= triton_quant.ONCE_CHUNK * torch.cuda.get_device_properties(DEV).multi_processor_count
+                m * k
+                <= triton_quant_tensor.ONCE_CHUNK
+                * torch.cuda.get_device_properties(DEV).multi_processor_count
             )
             for one_pass in (False, True) if fits else (False,):
-                q, s = triton_quant.quant_per_tensor(x, one_pass=one_pass)
+                q, s = triton_quant_tensor.quant_per_tensor(x, one_pass=one_pass)
                 torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
                 assert (q.float() != q_ref.float()).float().mean().item() < 1e-3, (m, k, one_pass)
     with pytest.raises(ValueError, match="one pass"):
-        triton_quant.quant_per_tensor(torch.ones(64, 17408, device=DEV, dtype=torch.bfloat16), one_pass=True)
+        triton_quant_tensor.quant_per_tensor(
+            torch.ones(64, 17408, device=DEV, dtype=torch.bfloat16), one_pass=True
+        )
 
 
 def test_one_pass_per_tensor_quant_under_graph_replay() -> None:
     if not triton_available():
         pytest.skip("needs triton")
-    from mtpconv.kernels import triton_quant
+    from mtpconv.kernels import triton_quant_tensor
 
     # The one-pass kernel's barrier state lives on the device: replays of a captured
     # graph (two launches of different sizes in it) must each find it reset.
     xa = torch.randn(4, 10240, device=DEV).to(torch.bfloat16)
     xb = torch.randn(16, 5120, device=DEV).to(torch.bfloat16)
-    triton_quant.quant_per_tensor(xa, one_pass=True)
+    triton_quant_tensor.quant_per_tensor(xa, one_pass=True)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        qa, sa = triton_quant.quant_per_tensor(xa, one_pass=True)
-        qb, sb = triton_quant.quant_per_tensor(xb, one_pass=True)
+        qa, sa = triton_quant_tensor.quant_per_tensor(xa, one_pass=True)
+        qb, sb = triton_quant_tensor.quant_per_tensor(xb, one_pass=True)
     for scale in (1.0, 1e-3, 300.0, 2.0):
         xa.copy_(torch.randn_like(xa) * scale)
         xb.copy_(torch.randn_like(xb) * scale * 7)
