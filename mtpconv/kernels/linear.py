@@ -302,10 +302,11 @@ def _prepared_linear(
     bias: torch.Tensor | None,
     x_scale: torch.Tensor,
     out_dtype: torch.dtype | None,
+    block: bool,
 ) -> torch.Tensor:
     """:func:`fp8_linear` on FP8 rows ``x * x_scale``: cuBLAS with one scale for the tensor,
-    the skinny GEMM's FP8 MMA with one a row, or the dequantized reference without Triton
-    or CUDA."""
+    the skinny GEMM's FP8 MMA with one a row (or 128x128 weight blocks: ``block``), or the
+    dequantized reference without Triton or CUDA."""
     if x.dtype != torch.float8_e4m3fn:
         raise TypeError(f"fp8_linear: x_scale comes with float8_e4m3fn rows, got {x.dtype}")
     if out_dtype is None:
@@ -317,7 +318,6 @@ def _prepared_linear(
             f"fp8_linear: x_scale needs 0-d or one scale per row ({tokens}): {tuple(x_scale.shape)}"
         )
     sa = x_scale.to(torch.float32)
-    block = reference.is_block_scale(w_scale, *w_fp8.shape)
     if x.device.type == "cuda" and triton_available():
         n, k = w_fp8.shape
         if per_tensor and not block and _fp8_mma(x.device) and n % 16 == 0 and k % 16 == 0:  # cuBLAS's rule
@@ -373,7 +373,7 @@ def fp8_linear(
     if x_scale is not None:
         if path is not None or input_scale is not None:
             raise ValueError("fp8_linear: x_scale takes neither a path nor an input_scale")
-        return _prepared_linear(x, w_fp8, w_scale, bias, x_scale, out_dtype)
+        return _prepared_linear(x, w_fp8, w_scale, bias, x_scale, out_dtype, block)
     if path is None:
         tokens = x.numel() // max(x.shape[-1], 1)
         path = select_path(
