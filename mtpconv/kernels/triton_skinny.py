@@ -186,6 +186,12 @@ def sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
+def _tabled(entry: tuple[bool, int, int, int, int, int, int, bool, bool], sms: int) -> Config:
+    """A :mod:`mtpconv.kernels.skinny_tuned` entry (resident programs as waves) as a Config."""
+    dot, block_n, block_k, warps, stages, waves, mma, tma, narrow = entry
+    return Config(dot, block_n, block_k, warps, stages, waves * sms, mma, tma, narrow)
+
+
 def default_config(m: int, n: int, k: int, sms: int) -> Config:
     """The sweep's best configuration for a benchmarked shape (:mod:`skinny_tuned`),
     else rules from sweeps on the H200 (scripts/bench_draft.py --sweep for the tuned
@@ -203,8 +209,7 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
     bucket = token_bucket(m)
     tuned = TUNED.get((bucket, n, k)) if bucket is not None else None
     if tuned is not None:
-        dot, block_n, block_k, warps, stages, waves, mma, tma, narrow = tuned
-        return Config(dot, block_n, block_k, warps, stages, waves * sms, mma, tma, narrow)
+        return _tabled(tuned, sms)
     if m == 1:
         if k >= 4096:
             programs = 4 * sms  # one wave
@@ -225,8 +230,7 @@ def prepared_config(m: int, n: int, k: int, sms: int) -> Config:
     bucket = token_bucket(m)
     tuned = TUNED_PREPARED.get((bucket, n, k)) if bucket is not None else None
     if tuned is not None:
-        dot, block_n, block_k, warps, stages, waves, mma, tma, narrow = tuned
-        return Config(dot, block_n, block_k, warps, stages, waves * sms, mma, tma, narrow)
+        return _tabled(tuned, sms)
     base = default_config(m, n, k, sms)
     if base.dot:
         return base._replace(mma=MMA_PREPARED)
