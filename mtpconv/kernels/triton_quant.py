@@ -122,7 +122,32 @@ def _quant_per_token_kernel(
 
 def stream_key(device: torch.device) -> tuple[int, int]:
     # Barrier state is kept per (device, stream): launches on one stream are ordered.
-    return device.index or 0, torch.cuda.current_stream(device).cuda_stream
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    return device.index or 0, stream
+
+
+_AGREEMENT: dict[tuple[object, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+_AGREEMENT_KEEP: list[torch.Tensor] = []  # superseded state: a captured graph may still use it
+
+
+def agreement_state(
+    device: torch.device, user: str, parts: int, groups: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The host side of :func:`agreed_amax`: float32 slots ``[groups, parts]`` and one int64
+    counter a group, per (device, stream, ``user``, parts). Zeroed once, then never reset (the
+    counters only grow); replaced by a larger pair when ``groups`` outgrows it, the old pair
+    kept alive."""
+    key = (*stream_key(device), user, parts)
+    state = _AGREEMENT.get(key)
+    if state is None or state[1].numel() < groups:
+        if state is not None:
+            _AGREEMENT_KEEP.extend(state)
+        state = (
+            torch.zeros(groups * parts, dtype=torch.float32, device=device),
+            torch.zeros(groups, dtype=torch.int64, device=device),
+        )
+        _AGREEMENT[key] = state
+    return state
 
 
 @functools.lru_cache(maxsize=8)
@@ -141,25 +166,6 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 # 6144 took 1.6-2.0 us in one program and 2.3-2.7 us split in four; rows of 17408 (SiLU *
 # up) 5.8 us in one program and 2.9 us split in sixteen.
 TOKEN_CHUNK = 8192
-_TOKEN_STATE: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-_TOKEN_KEEP: list[torch.Tensor] = []  # superseded state: a captured graph may still use it
-
-
-def _token_state(device: torch.device, rows: int, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slots ``[rows, parts]`` and per-row counters for split rows, per (device, stream,
-    parts); grown, never shrunk or reset (the counters only grow)."""
-    key = (*stream_key(device), parts)
-    state = _TOKEN_STATE.get(key)
-    if state is None or state[1].numel() < rows:
-        if state is not None:
-            _TOKEN_KEEP.extend(state)
-        cap = max(rows, 64)
-        state = (
-            torch.zeros(cap * parts, dtype=torch.float32, device=device),
-            torch.zeros(cap, dtype=torch.int64, device=device),
-        )
-        _TOKEN_STATE[key] = state
-    return state
 
 
 def token_parts(rows: int, k: int, sms: int) -> int:
@@ -188,7 +194,7 @@ def _per_token(
         return q, s
     sms = sm_count(x.device.index or 0) if x.device.type == "cuda" else 1
     parts = token_parts(m, k, sms)
-    slots, counts = _token_state(x.device, m, parts) if parts > 1 else (s, s)
+    slots, counts = agreement_state(x.device, "token", parts, max(m, 64)) if parts > 1 else (s, s)
     block_k = triton.next_power_of_2(triton.cdiv(k, parts))
     warps = 4 if block_k <= 2048 else (8 if block_k <= 8192 else 16)
     _quant_per_token_kernel[(m, parts)](

@@ -20,7 +20,15 @@ import torch
 import triton
 import triton.language as tl
 
-from mtpconv.kernels.triton_quant import FP8_MAX, FP8_TINY, agreed_amax, fp8_scaled, sm_count, stream_key
+from mtpconv.kernels.triton_quant import (
+    FP8_MAX,
+    FP8_TINY,
+    agreed_amax,
+    agreement_state,
+    fp8_scaled,
+    sm_count,
+    stream_key,
+)
 
 
 @triton.jit
@@ -124,7 +132,6 @@ SINGLE_PROGRAM_MAX = 96 * 1024
 ONCE_CHUNK = 4096
 ONCE_ALONE = 16384
 _SYNC: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-_ONCE: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _sync_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,19 +147,6 @@ def _sync_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return state
 
 
-def _once_state(device: torch.device, nprog: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The one-pass kernel's amax slots and its counter, one pair per program count."""
-    key = (*stream_key(device), nprog)
-    state = _ONCE.get(key)
-    if state is None:
-        state = (
-            torch.zeros(nprog, dtype=torch.float32, device=device),
-            torch.zeros(1, dtype=torch.int64, device=device),
-        )
-        _ONCE[key] = state
-    return state
-
-
 def _once(
     x: torch.Tensor,
     q: torch.Tensor,
@@ -165,7 +159,7 @@ def _once(
     # Up to ONCE_ALONE elements one program holds them all (no barrier).
     chunk = triton.next_power_of_2(numel) if numel <= ONCE_ALONE else ONCE_CHUNK
     nprog = triton.cdiv(numel, chunk)
-    slots, count = _once_state(x.device, nprog)
+    slots, count = agreement_state(x.device, "tensor", nprog, 1)
     _quant_tensor_once_kernel[(nprog,)](
         x, y if y is not None else x, total if total is not None else q, q, s, slots, count, numel,
         NPROG=nprog, SLOTS=triton.next_power_of_2(nprog), CHUNK=chunk, ADD=y is not None,

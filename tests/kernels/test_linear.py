@@ -220,6 +220,19 @@ def test_per_token_rows_split_only_while_every_program_has_an_sm() -> None:
     assert tq.token_parts(200, 10240, 132) == 1
 
 
+def test_agreement_state_is_kept_per_user_and_grows_without_reset() -> None:
+    tq = pytest.importorskip("mtpconv.kernels.triton_quant")
+    cpu = torch.device("cpu")
+    slots, counts = tq.agreement_state(cpu, "test-token", 4, 64)
+    assert slots.shape == (256,) and counts.shape == (64,) and counts.dtype == torch.int64
+    counts += 12  # what launches leave behind: the counters only grow
+    assert tq.agreement_state(cpu, "test-token", 4, 10)[1] is counts  # fits: the same pair
+    assert tq.agreement_state(cpu, "test-tensor", 4, 1)[1] is not counts  # another user's own
+    grown = tq.agreement_state(cpu, "test-token", 4, 70)
+    assert grown[1].numel() == 70 and int(grown[1].sum()) == 0
+    assert any(t is counts for t in tq._AGREEMENT_KEEP)  # a captured graph may still use the old
+
+
 def test_static_path_needs_input_scale() -> None:
     x, w, s = _case(2, 16, 32)
     with pytest.raises(ValueError, match="input_scale"):
