@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, weight_tile
+from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, pdl_leave, weight_tile
 
 MAX_TOKENS = 4
 
@@ -102,8 +102,7 @@ def gemv_kernel(
             acc3 += _dot8(wf, _row(x_ptrs + 3 * stride_xm, row0 + 3 < M, mask_k, EVEN_K), BLOCK_N, BLOCK_K)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    if PDL == 2:
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_leave(PDL)
     if BLOCK_M == 1:
         acc = tl.reshape(tl.sum(acc0, axis=1), (BLOCK_N, 1))
     elif BLOCK_M == 2:

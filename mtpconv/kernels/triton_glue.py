@@ -27,7 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
+from mtpconv.kernels import pdl
 from mtpconv.kernels.triton_quant import fp8_row
+from mtpconv.kernels.triton_tile import pdl_enter
 
 _ELEMENTS_PER_PROGRAM = 1024  # silu_mul and combine: one program per token and chunk
 
@@ -46,7 +48,9 @@ def _topk_softmax_kernel(
     BLOCK_E: tl.constexpr,
     GATE: tl.constexpr,
     APPEND: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_E)
     x = tl.load(l_ptr + row * stride_l + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
@@ -123,12 +127,14 @@ def topk_softmax(
             GATE=has_gate,
             APPEND=append_shared,
             num_warps=4 if n_experts <= 1024 else 8,
+            **pdl.producer_launch(logits.device),
         )
     return ids, weights, gate
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, o_ptr, N, stride_x, stride_o, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, o_ptr, N, stride_x, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -147,7 +153,10 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((t, n), dtype=x.dtype, device=x.device)
     if t:
         grid = (t, triton.cdiv(n, _ELEMENTS_PER_PROGRAM))
-        _silu_mul_kernel[grid](x, out, n, x.stride(0), out.stride(0), BLOCK=_ELEMENTS_PER_PROGRAM)
+        _silu_mul_kernel[grid](
+            x, out, n, x.stride(0), out.stride(0), BLOCK=_ELEMENTS_PER_PROGRAM,
+            **pdl.producer_launch(x.device),
+        )  # fmt: skip
     return out
 
 
@@ -169,7 +178,9 @@ def _combine_kernel(
     SHARED: tl.constexpr,
     BLOCK: tl.constexpr,
     QUANT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < H
@@ -260,5 +271,6 @@ def _combine(
         BLOCK=block,
         QUANT=quant,
         num_warps=4 if block <= 2048 else 8,
+        **pdl.producer_launch(h.device),
     )
     return out, q, qs

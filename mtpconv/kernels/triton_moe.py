@@ -8,9 +8,9 @@
   the load of the down projection's input and the routing weight into the
   epilogue. Weights ``[E, N, K]``: FP8 with one scale per expert, or BF16. FP8
   experts also take FP8 activations with one scale per row (``x_scale``), which the
-  MMA reads as they are. With ``MTPCONV_PDL`` set (:mod:`mtpconv.kernels.pdl`; off by
-  default) it is launched with programmatic dependent launch and waits for the previous
-  kernel first.
+  MMA reads as they are. Where :mod:`mtpconv.kernels.pdl` says so (by default on Hopper
+  with Triton 3.6+; ``MTPCONV_PDL``) it is launched with programmatic dependent launch and
+  waits for the previous kernel first.
 * ``moe_projection`` / ``routed_experts``: one projection / a MoE layer's two; with
   ``split`` (the layer's default at 2+ tokens) a small launch of its own prepares each
   projection's input first (per-token FP8 quantization, SiLU * up).
@@ -265,7 +265,6 @@ def moe_grouped(
     dot = mode not in (FMA, FMA_NARROW) or t > 1
     block_m = max(16, triton.next_power_of_2(t)) if dot else 1
     rw = route_w.reshape(-1).contiguous() if route_w is not None else ids
-    pdl = pdl_setting.setting(x.device)
     grid = (triton.cdiv(n, block_n), pairs)
     _moe_grouped_kernel[grid](
         x,
@@ -294,12 +293,11 @@ def moe_grouped(
         EVEN_K=k % block_k == 0,
         DOT=dot,
         FP8_MMA=mode == DOT_FP8,
-        PDL=pdl.value,
         NARROW=mode == FMA_NARROW and not dot,
         X_SCALE=fp8_x,
         num_warps=warps,
         num_stages=stages,
-        launch_pdl=pdl is not pdl_setting.Pdl.OFF,
+        **pdl_setting.launch(x.device),
     )
     return out
 

@@ -26,6 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
+from mtpconv.kernels import pdl
+from mtpconv.kernels.triton_tile import pdl_enter
+
 # Globals read inside @triton.jit functions must be tl.constexpr.
 FP8_MAX = tl.constexpr(448.0)
 # Smallest positive normal float32 (same floor as mtpconv.formats.fp8).
@@ -86,10 +89,12 @@ def _quant_per_token_kernel(
     BLOCK_K: tl.constexpr,
     MODE: tl.constexpr,
     PARTS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # Grid (rows, PARTS): each program holds BLOCK_K columns of its row in registers; with
     # PARTS > 1 the row's programs (all resident: rows x PARTS <= the SM count) agree on
     # its amax before they quantize.
+    pdl_enter(PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     offs = part * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -216,6 +221,7 @@ def _per_token(
         MODE=mode,
         PARTS=parts,
         num_warps=warps,
+        **pdl.producer_launch(x.device),
     )
     return q, s
 

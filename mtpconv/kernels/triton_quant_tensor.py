@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mtpconv.kernels import pdl
 from mtpconv.kernels.triton_quant import (
     FP8_MAX,
     FP8_TINY,
@@ -29,6 +30,7 @@ from mtpconv.kernels.triton_quant import (
     sm_count,
     stream_key,
 )
+from mtpconv.kernels.triton_tile import pdl_enter
 
 
 @triton.jit
@@ -104,10 +106,12 @@ def _quant_tensor_once_kernel(
     SLOTS: tl.constexpr,
     CHUNK: tl.constexpr,
     ADD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # Dynamic per-tensor quantization reading the activation once (decode sizes): each
     # program holds its chunk in registers while the programs agree on the amax
     # (agreed_amax; NPROG is at most the SM count, so all are resident).
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     offs = pid * CHUNK + tl.arange(0, CHUNK)
     mask = offs < numel
@@ -163,7 +167,7 @@ def _once(
     _quant_tensor_once_kernel[(nprog,)](
         x, y if y is not None else x, total if total is not None else q, q, s, slots, count, numel,
         NPROG=nprog, SLOTS=triton.next_power_of_2(nprog), CHUNK=chunk, ADD=y is not None,
-        num_warps=max(4, min(16, chunk // 1024)),
+        num_warps=max(4, min(16, chunk // 1024)), **pdl.producer_launch(x.device),
     )  # fmt: skip
 
 

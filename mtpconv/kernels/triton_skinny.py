@@ -22,9 +22,9 @@ weight bytes in flight on every SM:
   narrow-load GEMV of :mod:`mtpconv.kernels.triton_gemv` instead;
 * where the sweep found it faster (``Config.tma``: some 2-16 token shapes, by 1-6%),
   weight tiles arrive by TMA bulk copies through a host-side tensor descriptor.
-* with ``MTPCONV_PDL`` set (:mod:`mtpconv.kernels.pdl`; off by default), launched
-  with programmatic dependent launch: it waits for the previous kernel before reading
-  or writing anything.
+* launched with programmatic dependent launch where :mod:`mtpconv.kernels.pdl` says so
+  (by default on Hopper with Triton 3.6+; ``MTPCONV_PDL``): it waits for the previous
+  kernel before reading or writing anything.
 """
 
 # Triton kernels are untyped by nature; the Python wrappers below are typed.
@@ -43,7 +43,7 @@ from mtpconv.kernels import pdl as pdl_setting
 from mtpconv.kernels import triton_gemv
 from mtpconv.kernels.reference import BLOCK, is_block_scale
 from mtpconv.kernels.skinny_tuned import TUNED, TUNED_PREPARED, token_bucket
-from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, weight_tile
+from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, pdl_leave, weight_tile
 
 SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK = 0, 1, 2
 
@@ -145,8 +145,7 @@ def _skinny_kernel(
                 acc2 += w.to(tl.float32) * xv[None, :]
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    if PDL == 2:
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_leave(PDL)
     if not DOT:
         acc = tl.reshape(tl.sum(acc2, axis=1), (BLOCK_N, 1))
     if MMA == 3:
@@ -357,7 +356,6 @@ def skinny_linear(
         ws, cnt = out, out  # unused pointers
     args = (x2, w, s, bias if bias is not None else s, out, ws, cnt, m, n, k, k_per, n_split)
     strides = (x2.stride(0), w.stride(0), out.stride(0), s.stride(0) if kind == SCALE_BLOCK else 0)
-    pdl = pdl_setting.setting(x.device)
     common = {
         "SCALE": kind,
         "HAS_BIAS": bias is not None,
@@ -366,10 +364,9 @@ def skinny_linear(
         "BLOCK_N": cfg.block_n,
         "BLOCK_K": block_k,
         "EVEN_K": k % k_per == 0,
-        "PDL": pdl.value,
         "num_warps": cfg.warps,
         "num_stages": cfg.stages,
-        "launch_pdl": pdl is not pdl_setting.Pdl.OFF,
+        **pdl_setting.launch(x.device),
     }
     if gemv:
         triton_gemv.gemv_kernel[(n_tiles, n_split, m_tiles)](*args, *strides, **common)

@@ -26,6 +26,13 @@ def pdl_enter(PDL: tl.constexpr):
 
 
 @triton.jit
+def pdl_leave(PDL: tl.constexpr):
+    """With PDL in mode ``late``: let the next kernel launch (called after the main loop)."""
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def weight_tile(w_ptrs, mask_n, mask_k, EVEN_K: tl.constexpr):
     """One ``[BLOCK_N, BLOCK_K]`` weight tile, read once (evict first), zero past N and K."""
     if EVEN_K:

@@ -4,8 +4,8 @@ With PDL a kernel starts before its predecessor ends and waits for it before rea
 activations, so the checks are: the same bytes as without PDL (the arithmetic does not
 change), the dequantized reference within the stated tolerances, and chains of
 dependent kernels (each reading what the one before wrote, split-K workspaces shared
-between them, a torch kernel in between) captured in a CUDA graph and replayed with new
-inputs. Skipped without a Hopper-or-newer GPU and Triton.
+between them, a torch kernel in between; the step's producers, which take PDL too)
+captured in a CUDA graph and replayed with new inputs. Skipped without a Hopper-or-newer GPU and Triton.
 """
 
 from __future__ import annotations
@@ -130,3 +130,115 @@ def test_dependent_chain_in_cuda_graph_with_pdl(
         monkeypatch.setenv(pdl.ENV, mode)
         for a, b in zip(captured, eager, strict=True):
             assert torch.equal(a, b)
+
+
+def _producer_chain(emb: torch.Tensor, hid: torch.Tensor, ws: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
+    """The step's producers between linears, each reading what the one before wrote: the
+    concatenation's FP8 rows, a residual add with its rows (split across programs that
+    agree on the amax: 10240 columns), SiLU * up's rows, the per-tensor add before a
+    cuBLAS linear, SiLU * up alone, routing and the MoE sum with its rows."""
+    from mtpconv.kernels import fp8_linear, triton_glue, triton_quant, triton_quant_tensor
+
+    def lin(rows: tuple[torch.Tensor, torch.Tensor], i: int) -> torch.Tensor:
+        return fp8_linear(rows[0], *ws[i], x_scale=rows[1], out_dtype=torch.bfloat16)
+
+    h = lin(triton_quant.quant_cat(emb, hid), 0)  # [T, 10240]
+    total, q, sc = triton_quant.add_quant(h, h * 0.25)
+    up = lin((q, sc), 1)  # [T, 2 * 2048]
+    d = lin(triton_quant.quant_per_token(up, act=True), 2)  # [T, 2048]
+    total2, qt, st = triton_quant_tensor.add_quant_tensor(d, emb[:, :2048])
+    c = fp8_linear(qt, *ws[3], x_scale=st, out_dtype=torch.bfloat16)  # [T, 4096], 0-d scale
+    act = triton_glue.silu_mul(c)  # [T, 2048]
+    ids, weights, gate = triton_glue.topk_softmax(act[:, :17], 4, 16, weight_dtype=act.dtype)
+    rows = (act.repeat_interleave(4, dim=0) * weights.reshape(-1, 1)).contiguous()
+    assert gate is not None
+    out, q2, s2 = triton_glue.combine_quant(act, rows, d, gate)
+    return [h, total, q, sc, up, d, total2, qt, st, c, act, ids, weights, out, q2, s2, lin((q2, s2), 4)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("tokens", [1, 4, 16])
+def test_producer_chain_in_cuda_graph_with_pdl(
+    mode: str, tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The producers and the skinny GEMM on their FP8 rows, captured with PDL, replay to the
+    bytes of the same chain run eagerly without PDL, for fresh inputs each replay."""
+    g = torch.Generator().manual_seed(100 + tokens)
+    dims = [(10240, 4096), (4096, 10240), (2048, 2048), (4096, 2048), (3000, 2048)]
+    ws = [_weight(n, k, "row" if i % 2 else "tensor", g) for i, (n, k) in enumerate(dims)]
+    emb = torch.randn(tokens, 2048, generator=g).to(torch.bfloat16).to(DEV)
+    hid = torch.randn(tokens, 2048, generator=g).to(torch.bfloat16).to(DEV)
+    monkeypatch.setenv(pdl.ENV, mode)
+    _producer_chain(emb, hid, ws)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _producer_chain(emb, hid, ws)
+    for _ in range(3):
+        emb.copy_(torch.randn(tokens, 2048, generator=g).to(torch.bfloat16))
+        hid.copy_(torch.randn(tokens, 2048, generator=g).to(torch.bfloat16) * 100)
+        graph.replay()
+        torch.cuda.synchronize()
+        monkeypatch.setenv(pdl.ENV, "0")
+        eager = _producer_chain(emb, hid, ws)
+        monkeypatch.setenv(pdl.ENV, mode)
+        for i, (a, b) in enumerate(zip(captured, eager, strict=True)):
+            assert torch.equal(a, b), (mode, tokens, i)
+
+
+def _both_paths(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, cfg: object, prep: object) -> list:
+    """The skinny GEMM on BF16 rows (``cfg``), and on their FP8 rows from our per-token
+    quantization (``prep``)."""
+    from mtpconv.kernels import triton_quant
+    from mtpconv.kernels import triton_skinny as ts
+
+    q, qs = triton_quant.quant_per_token(x)
+    yq = ts.skinny_linear(q, w, s, config=prep, x_scale=qs, out_dtype=torch.bfloat16)  # type: ignore[arg-type]
+    return [ts.skinny_linear(x, w, s, config=cfg), yq]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_linear_sees_the_rows_written_just_before_it(mode: str, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels write a linear's activations just before it (in a graph, with PDL: a torch
+    copy, then our per-token quantization, which lets its dependents launch at once): the
+    linear sees this replay's values, for every path its configurations take (FMA, GEMV,
+    MMA on BF16 rows and on prepared FP8 rows, TMA, split-K, block scales)."""
+    from mtpconv.kernels import triton_skinny as ts
+
+    g = torch.Generator().manual_seed(m)
+    n, k = 1536, 4096
+    x = torch.zeros(m, k, dtype=torch.bfloat16, device=DEV)
+    src = torch.zeros(m, k, dtype=torch.bfloat16, device=DEV)
+    sms = ts.sm_count(0)
+    cfgs = [ts.default_config(m, n, k, sms), ts.Config(False, 8, 512, 4, 3, 4 * sms)]
+    if m > 1:
+        cfgs += [ts.Config(True, 64, 128, 4, 3, 4 * sms, 2, tma=True), ts.Config(True, 64, 256, 4, 3, 2 * sms, 2)]
+    for layout in ("tensor", "block"):
+        w, s = _weight(n, k, layout, g)
+        for cfg in cfgs:
+            for programs in (1, 1 << 20):
+                c = cfg._replace(programs=programs)
+                prep = ts.prepared_config(m, n, k, sms)._replace(programs=programs)
+                monkeypatch.setenv(pdl.ENV, mode)
+                _both_paths(x, w, s, c, prep)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    x.copy_(src)
+                    captured = _both_paths(x, w, s, c, prep)
+                for _ in range(2):
+                    src.copy_(torch.randn(m, k, generator=g).to(torch.bfloat16))
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    monkeypatch.setenv(pdl.ENV, "0")
+                    for a, b in zip(captured, _both_paths(src, w, s, c, prep), strict=True):
+                        assert torch.equal(a, b), (layout, c)
+                    monkeypatch.setenv(pdl.ENV, mode)
+
+
+def test_late_by_default_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On this device (Hopper, Triton and CUDA recent enough) unset means ``late``."""
+    monkeypatch.delenv(pdl.ENV, raising=False)
+    assert pdl.default_on()
+    assert pdl.setting(DEV) is pdl.Pdl.LATE
