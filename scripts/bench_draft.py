@@ -207,11 +207,12 @@ class Variant(NamedTuple):
     shared: bool  # the shared expert inside the grouped MoE launches
     fused: bool  # the grouped MoE kernel prepares its inputs itself (the steps until the ninth session)
     noprep: bool  # dense linears always read BF16 rows (the steps until the tenth session)
+    side: bool  # the shared expert on a side stream beside the routed ones (as vLLM runs it)
 
 
 def variant_parts(variant: str) -> Variant:
-    """``path[+nopdl|+pdl|+late][+shared][+fused]``: the path (an FP8 path or ``bf16``), the
-    environment of its kernels (none: the defaults), whether the shared expert runs
+    """``path[+nopdl|+pdl|+late][+shared][+fused][+noprep][+side]``: the path (an FP8 path
+    or ``bf16``), the environment of its kernels (none: the defaults), whether the shared expert runs
     inside the grouped MoE launches, and who prepares the experts' inputs. ``+pdl`` /
     ``+late`` launch the Triton kernels with programmatic dependent launch, dependents let
     in after the wait / after the main loop; ``+nopdl`` without (:mod:`mtpconv.kernels.pdl`);
@@ -221,10 +222,13 @@ def variant_parts(variant: str) -> Variant:
     (``split`` of :func:`mtpconv.kernels.triton_moe.routed_experts`); ``+noprep``: the
     ``auto`` step's dense linears read BF16 rows (the steps until the tenth session), where
     by default the producer of an input hands it FP8 rows wherever
-    :func:`mtpconv.kernels.takes_prepared` says so (:func:`prepare_fn`)."""
+    :func:`mtpconv.kernels.takes_prepared` says so (:func:`prepare_fn`); ``+side``: the shared
+    expert runs on a side stream beside the routed experts, as vLLM runs shared experts at
+    up to ``VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` (256) tokens, where by default it
+    runs after them on the step's stream."""
     base, *mods = variant.split("+")
     env: dict[str, str] = {}
-    shared = fused = noprep = False
+    shared = fused = noprep = side = False
     for mod in mods:
         if mod == "nopdl":
             env[pdl.ENV] = "0"
@@ -238,9 +242,11 @@ def variant_parts(variant: str) -> Variant:
             fused = True
         elif mod == "noprep":
             noprep = True
+        elif mod == "side":
+            side = True
         else:
             raise ValueError(f"unknown variant modifier {mod!r} in {variant!r}")
-    return Variant(base, env, shared, fused, noprep)
+    return Variant(base, env, shared, fused, noprep, side)
 
 
 def is_bf16(variant: str) -> bool:
@@ -328,6 +334,22 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 GLUES = ("fused", "torch")  # how a step routes and sums: see step()
+_SIDE: dict[int, torch.cuda.Stream] = {}  # per device: the stream the shared expert runs on
+
+
+def beside(fn: Callable[[], torch.Tensor], dev: torch.device) -> tuple[torch.Tensor, torch.cuda.Event]:
+    """``fn()`` on a side stream that first waits for the work queued so far (as vLLM runs
+    shared experts beside the routed ones): its output and the event that marks its end,
+    for the step's stream to wait on before it reads the output."""
+    main = torch.cuda.current_stream(dev)
+    side = _SIDE.setdefault(dev.index or 0, torch.cuda.Stream(dev))
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        out = fn()
+    done = torch.cuda.Event()
+    done.record(side)
+    out.record_stream(main)
+    return out, done
 
 
 def step(
@@ -341,6 +363,7 @@ def step(
     fuse_shared: bool = False,
     glue: str = "fused",
     prepare: PrepareFn | None = None,
+    side_shared: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One drafter step; returns (logits, topk_ids or None). ``fuse_shared``: the shared
     expert's gate computed with the router and the expert itself in the grouped MoE
@@ -354,7 +377,9 @@ def step(
     tensor), that producer being the launch the step makes there anyway: the concatenation
     before ``fc``, the copy of the attention stand-in, a residual add, SiLU * up or the MoE
     sum (:mod:`mtpconv.kernels.triton_quant`, ``triton_glue.combine_quant``); ``qkv``'s
-    producer is ``fc`` itself, so it always reads BF16 rows."""
+    producer is ``fc`` itself, so it always reads BF16 rows. With ``fused`` glue and
+    ``side_shared`` the shared expert runs on a side stream beside the routed experts
+    (:func:`beside`)."""
     fused = glue == "fused"
     if fused:
         from mtpconv.kernels import triton_glue, triton_quant, triton_quant_tensor
@@ -407,8 +432,19 @@ def step(
             if fuse_shared:  # the shared expert as expert E
                 parts = (h, moe(h, all_ids, all_w, gu, dn))
             else:
-                shared = lin(silu_in(lin(x, ws.shared_gate_up), ws.shared_down), ws.shared_down)
-                parts = (h, moe(h, ids, all_w, gu, dn), shared, gate)
+                sgu, sdn = ws.shared_gate_up, ws.shared_down
+
+                def shared_expert(x: Any = x) -> torch.Tensor:
+                    return lin(silu_in(lin(x, sgu), sdn), sdn)
+
+                if side_shared:
+                    shared, done = beside(shared_expert, h.device)
+                    routed = moe(h, ids, all_w, gu, dn)
+                    torch.cuda.current_stream(h.device).wait_event(done)
+                    parts = (h, routed, shared, gate)
+                else:
+                    shared = shared_expert()
+                    parts = (h, moe(h, ids, all_w, gu, dn), shared, gate)
             if fp8(head):
                 h, q, sc = triton_glue.combine_quant(*parts)
                 x = Fp8Rows(q, sc)
@@ -457,7 +493,24 @@ def step_bytes(s: Shape, ws: WeightSet, variant: str, full_head: bool, distinct:
 
 
 def time_graph(fn: Callable[[], Any], reps: int, replays: int = 30) -> float:
-    """Median microseconds of one ``fn`` call: ``reps`` calls captured in one graph."""
+    """Median microseconds of one ``fn`` call: ``reps`` calls captured in one graph, timed
+    the way ``--timing`` says (:func:`graph_times`)."""
+    queued, single = graph_times(fn, reps, replays)
+    return queued if TIMING == "queued" else single
+
+
+# How a graph's replays are timed: "single", each replay launched on an idle GPU and waited
+# for (the default, every session's figures; the host's graph launch may fall inside each
+# sample), or "queued", each replay queued behind the one before while the GPU runs (as a
+# decode loop replays its graphs). Measured side by side (eleventh session): within 0.5-7
+# us of each other on every step.
+TIMINGS = ("queued", "single")
+TIMING = "single"
+
+
+def graph_times(fn: Callable[[], Any], reps: int, replays: int = 30) -> tuple[float, float]:
+    """Median microseconds of one ``fn`` call (``reps`` calls captured in one graph), from the
+    same graph timed both ways of :data:`TIMINGS`: ``(queued, single)``."""
     fn()
     torch.cuda.synchronize()
     stream = torch.cuda.Stream()
@@ -472,16 +525,24 @@ def time_graph(fn: Callable[[], Any], reps: int, replays: int = 30) -> float:
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()
-    times = []
+    single = []
     for _ in range(replays):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         graph.replay()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / reps)
+        single.append(a.elapsed_time(b) * 1000.0 / reps)
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(replays + 1)]
+    graph.replay()  # untimed: the GPU is busy while the timed replays queue behind it
+    marks[0].record()
+    for i in range(replays):
+        graph.replay()
+        marks[i + 1].record()
+    marks[-1].synchronize()
+    queued = [marks[i].elapsed_time(marks[i + 1]) * 1000.0 / reps for i in range(replays)]
     del graph
-    return statistics.median(times)
+    return statistics.median(queued), statistics.median(single)
 
 
 def copy_bandwidth(dev: torch.device) -> float:
@@ -548,10 +609,11 @@ def bench_model(
             lin = linear_fn(variant, input_scale)
             moe = moe_fn(variant, moe_kind) if s.experts else None
             shared = variant_parts(variant).shared and s.experts > 0
+            side = variant_parts(variant).side
             prep = prepare_fn(variant)
             for full_head in (True, False):
                 with variant_env(variant):
-                    _, ids = step(s, sets[0], emb, hid, lin, moe, full_head, shared, glue, prep)
+                    _, ids = step(s, sets[0], emb, hid, lin, moe, full_head, shared, glue, prep, side)
                 distinct = int(ids.unique().numel()) if ids is not None else 0
 
                 def run(
@@ -563,20 +625,25 @@ def bench_model(
                     sets: list[WeightSet] = sets,
                     shared: bool = shared,
                     prep: PrepareFn | None = prep,
+                    side: bool = side,
                 ) -> None:
                     for ws in sets:
-                        step(s, ws, emb, hid, lin, moe, full_head, shared, glue, prep)
+                        step(s, ws, emb, hid, lin, moe, full_head, shared, glue, prep, side)
 
                 try:
                     with variant_env(variant):
-                        us = time_graph(run, reps=1) / n_sets
+                        queued, single = graph_times(run, reps=1)
+                    us = (queued if TIMING == "queued" else single) / n_sets
                 except Exception as exc:  # report and go on: one failing path must not end the run
                     print(f"  {s.name} T={t} {variant} FAILED: {exc!r}"[:400], flush=True)
                     continue
                 nbytes = step_bytes(s, sets[0], variant, full_head, distinct)
                 tbps = nbytes / (us * 1e-6) / 1e12
                 head = f"{s.vocab // 1000}k" if full_head else "32k"
-                rows.append(Row(s.name, t, variant, head, us, nbytes, tbps, 100 * tbps / copy_tbps, distinct))
+                rows.append(
+                    Row(s.name, t, variant, head, us, nbytes, tbps, 100 * tbps / copy_tbps, distinct,
+                        {"us_single": single / n_sets, "us_queued": queued / n_sets})
+                )  # fmt: skip
                 print(
                     f"  {s.name} T={t:<3} {variant:<22} head={head:<5} {us:8.1f} us "
                     f"{nbytes / 1e6:8.1f} MB {tbps:5.2f} TB/s "
@@ -1020,11 +1087,19 @@ def main(argv: list[str] | None = None) -> int:
         help="routing, SiLU * up and sums of the step: one kernel each, or torch ops (both precisions)",
     )
     ap.add_argument(
+        "--timing",
+        choices=TIMINGS,
+        default="single",
+        help="how graph replays are timed (the step table records both: us_single, us_queued)",
+    )
+    ap.add_argument(
         "--per-row",
         action="store_true",
         help="with --micro: per-output-row weight scales (fused q/k/v, gate/up shards)",
     )
     args = ap.parse_args(argv)
+    global TIMING
+    TIMING = args.timing
     if not torch.cuda.is_available():
         print("bench_draft needs a CUDA device", file=sys.stderr)
         return 2
@@ -1043,6 +1118,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "command": " ".join(sys.argv),
         "glue": args.glue,
+        "timing": args.timing,
     }
     copy_tbps = copy_bandwidth(dev)
     print(f"{meta}\ncopy bandwidth {copy_tbps:.2f} TB/s", flush=True)

@@ -75,11 +75,12 @@ def report(
     moe = bd.moe_fn(variant, "grouped") if s.experts else None
     prep = bd.prepare_fn(variant)
     shared = bd.variant_parts(variant).shared and s.experts > 0
+    side = bd.variant_parts(variant).side
 
     def run() -> None:
-        bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep)
+        bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side)
 
-    _, ids = bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep)
+    _, ids = bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side)
     distinct = int(ids.unique().numel()) if ids is not None else 0
     nbytes = bd.step_bytes(s, ws, variant, False, distinct)
 
@@ -118,7 +119,8 @@ def main() -> None:
         ws = bd.build_weights(s, input_scale.device, seed=1, head_full=None)
         for t in [int(v) for v in args.tokens.split(",")]:
             for variant in args.variants.split(","):
-                report(s, ws, t, variant, input_scale, args.sequence, args.glue)
+                with bd.variant_env(variant):  # its PDL mode while its graph is captured
+                    report(s, ws, t, variant, input_scale, args.sequence, args.glue)
         del ws
         torch.cuda.empty_cache()
 

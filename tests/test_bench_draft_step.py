@@ -1,0 +1,65 @@
+"""The drafter-step benchmark's own logic (scripts/bench_draft.py): variant modifiers (CPU),
+and on CUDA that the step with its shared expert on a side stream computes what the
+serial step computes, eagerly and replayed from a CUDA graph."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import bench_draft as bd  # noqa: E402
+
+from mtpconv.kernels import pdl, triton_available  # noqa: E402
+
+
+def test_variant_modifiers() -> None:
+    assert bd.variant_parts("auto") == bd.Variant("auto", {}, False, False, False, False)
+    parts = bd.variant_parts("auto+late+side+noprep")
+    assert parts.env == {pdl.ENV: "late"} and parts.side and parts.noprep and not parts.shared
+    assert bd.variant_parts("bf16+nopdl").env == {pdl.ENV: "0"}
+    with pytest.raises(ValueError, match="unknown variant modifier"):
+        bd.variant_parts("auto+sideways")
+
+
+# A small MoE drafter: the step's kernels at sizes that build in a moment.
+TINY_MOE = bd.Shape("tiny-moe", 1024, 4096, 2048, 256, 1024, experts=64, top_k=4,
+                    moe_intermediate=256, shared_intermediate=256)  # fmt: skip
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(), reason="needs CUDA and triton")
+@pytest.mark.parametrize("variant", ["bf16", "auto"])
+@pytest.mark.parametrize("tokens", [1, 4, 16])
+def test_shared_expert_beside_the_routed_ones_changes_no_bit(variant: str, tokens: int) -> None:
+    dev = torch.device("cuda")
+    ws = bd.build_weights(TINY_MOE, dev, seed=3, head_full=None)
+    gen = torch.Generator(device=dev).manual_seed(tokens)
+    emb = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
+    hid = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
+    lin = bd.linear_fn(variant, torch.tensor(4.0 / 448.0, device=dev))
+    moe = bd.moe_fn(variant, "grouped")
+    prep = bd.prepare_fn(variant)
+
+    def run(side: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return bd.step(TINY_MOE, ws, emb, hid, lin, moe, False, False, "fused", prep, side)
+
+    want, want_ids = run(False)
+    got, ids = run(True)
+    assert torch.equal(got, want) and ids is not None and want_ids is not None and torch.equal(ids, want_ids)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        captured, _ = run(True)
+    for seed in range(2):
+        g = torch.Generator(device=dev).manual_seed(100 + seed)
+        emb.copy_(torch.randn(emb.shape, device=dev, generator=g))
+        hid.copy_(torch.randn(hid.shape, device=dev, generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, run(False)[0])
+    queued, single = bd.graph_times(lambda: run(True), reps=1, replays=3)
+    assert queued > 0 and single > 0
