@@ -10,6 +10,8 @@ captured in a CUDA graph and replayed with new inputs. Skipped without a Hopper-
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -76,6 +78,34 @@ def test_skinny_with_pdl_is_bit_identical_and_matches_reference(
         assert _rel(y, ref) < (1e-2 if m == 1 else 6e-2)
 
 
+def _replays_match_eager(
+    capture: Callable[[], list[torch.Tensor]],
+    eager: Callable[[], list[torch.Tensor]],
+    refresh: Callable[[], None],
+    mode: str,
+    monkeypatch: pytest.MonkeyPatch,
+    replays: int = 3,
+) -> None:
+    """``capture()`` captured in a CUDA graph with PDL in ``mode`` replays, after each
+    ``refresh()`` of its inputs, to the bytes of ``eager()`` run without PDL (a missing wait
+    would read the previous replay's data)."""
+    monkeypatch.setenv(pdl.ENV, mode)
+    capture()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = capture()
+    for replay in range(replays):
+        refresh()
+        graph.replay()
+        torch.cuda.synchronize()
+        monkeypatch.setenv(pdl.ENV, "0")
+        want = eager()
+        monkeypatch.setenv(pdl.ENV, mode)
+        for i, (a, b) in enumerate(zip(captured, want, strict=True)):
+            assert torch.equal(a, b), (mode, replay, i)
+
+
 def _chain(x: torch.Tensor, ws: list[tuple[torch.Tensor, torch.Tensor]], moe: tuple) -> list[torch.Tensor]:
     """Dependent kernels: each linear reads the previous output (split-K forced on the
     big ones, so they share the per-stream workspace), a torch op in between, then the
@@ -115,21 +145,14 @@ def test_dependent_chain_in_cuda_graph_with_pdl(
     dn = quantize_fp8(torch.randn(e, 1024, 256, generator=g) * 0.05)
     moe = (router, gu.weight.to(DEV), gu.scale.to(DEV), dn.weight.to(DEV), dn.scale.to(DEV))
     x = torch.randn(tokens, 2048, generator=g).to(torch.bfloat16).to(DEV)
-    monkeypatch.setenv(pdl.ENV, mode)
-    _chain(x, ws, moe)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _chain(x, ws, moe)
-    for _ in range(3):
+
+    def chain() -> list[torch.Tensor]:
+        return _chain(x, ws, moe)
+
+    def refresh() -> None:
         x.copy_(torch.randn(tokens, 2048, generator=g).to(torch.bfloat16))
-        graph.replay()
-        torch.cuda.synchronize()
-        monkeypatch.setenv(pdl.ENV, "0")
-        eager = _chain(x, ws, moe)
-        monkeypatch.setenv(pdl.ENV, mode)
-        for a, b in zip(captured, eager, strict=True):
-            assert torch.equal(a, b)
+
+    _replays_match_eager(chain, chain, refresh, mode, monkeypatch)
 
 
 def _producer_chain(emb: torch.Tensor, hid: torch.Tensor, ws: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
@@ -168,22 +191,15 @@ def test_producer_chain_in_cuda_graph_with_pdl(
     ws = [_weight(n, k, "row" if i % 2 else "tensor", g) for i, (n, k) in enumerate(dims)]
     emb = torch.randn(tokens, 2048, generator=g).to(torch.bfloat16).to(DEV)
     hid = torch.randn(tokens, 2048, generator=g).to(torch.bfloat16).to(DEV)
-    monkeypatch.setenv(pdl.ENV, mode)
-    _producer_chain(emb, hid, ws)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _producer_chain(emb, hid, ws)
-    for _ in range(3):
+
+    def chain() -> list[torch.Tensor]:
+        return _producer_chain(emb, hid, ws)
+
+    def refresh() -> None:
         emb.copy_(torch.randn(tokens, 2048, generator=g).to(torch.bfloat16))
         hid.copy_(torch.randn(tokens, 2048, generator=g).to(torch.bfloat16) * 100)
-        graph.replay()
-        torch.cuda.synchronize()
-        monkeypatch.setenv(pdl.ENV, "0")
-        eager = _producer_chain(emb, hid, ws)
-        monkeypatch.setenv(pdl.ENV, mode)
-        for i, (a, b) in enumerate(zip(captured, eager, strict=True)):
-            assert torch.equal(a, b), (mode, tokens, i)
+
+    _replays_match_eager(chain, chain, refresh, mode, monkeypatch)
 
 
 def _both_paths(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, cfg: object, prep: object) -> list:
@@ -220,21 +236,18 @@ def test_linear_sees_the_rows_written_just_before_it(mode: str, m: int, monkeypa
             for programs in (1, 1 << 20):
                 c = cfg._replace(programs=programs)
                 prep = ts.prepared_config(m, n, k, sms)._replace(programs=programs)
-                monkeypatch.setenv(pdl.ENV, mode)
-                _both_paths(x, w, s, c, prep)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+
+                def capture(w: torch.Tensor = w, s: torch.Tensor = s, c: object = c, prep: object = prep) -> list:
                     x.copy_(src)
-                    captured = _both_paths(x, w, s, c, prep)
-                for _ in range(2):
+                    return _both_paths(x, w, s, c, prep)
+
+                def eager(w: torch.Tensor = w, s: torch.Tensor = s, c: object = c, prep: object = prep) -> list:
+                    return _both_paths(src, w, s, c, prep)
+
+                def refresh() -> None:
                     src.copy_(torch.randn(m, k, generator=g).to(torch.bfloat16))
-                    graph.replay()
-                    torch.cuda.synchronize()
-                    monkeypatch.setenv(pdl.ENV, "0")
-                    for a, b in zip(captured, _both_paths(src, w, s, c, prep), strict=True):
-                        assert torch.equal(a, b), (layout, c)
-                    monkeypatch.setenv(pdl.ENV, mode)
+
+                _replays_match_eager(capture, eager, refresh, mode, monkeypatch, replays=2)
 
 
 def test_late_by_default_here(monkeypatch: pytest.MonkeyPatch) -> None:
