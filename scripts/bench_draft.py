@@ -495,8 +495,7 @@ def step_bytes(s: Shape, ws: WeightSet, variant: str, full_head: bool, distinct:
 def time_graph(fn: Callable[[], Any], reps: int, replays: int = 30) -> float:
     """Median microseconds of one ``fn`` call: ``reps`` calls captured in one graph, timed
     the way ``--timing`` says (:func:`graph_times`)."""
-    queued, single = graph_times(fn, reps, replays)
-    return queued if TIMING == "queued" else single
+    return chosen(graph_times(fn, reps, replays))
 
 
 # How a graph's replays are timed: "single", each replay launched on an idle GPU and waited
@@ -506,6 +505,11 @@ def time_graph(fn: Callable[[], Any], reps: int, replays: int = 30) -> float:
 # 0.3-6.4 us slower on every 32k-head step.
 TIMINGS = ("queued", "single")
 TIMING = "single"
+
+
+def chosen(times: tuple[float, float]) -> float:
+    """The one of :func:`graph_times`' ``(queued, single)`` that ``--timing`` picks."""
+    return times[0] if TIMING == "queued" else times[1]
 
 
 def graph_times(fn: Callable[[], Any], reps: int, replays: int = 30) -> tuple[float, float]:
@@ -633,7 +637,7 @@ def bench_model(
                 try:
                     with variant_env(variant):
                         queued, single = graph_times(run, reps=1)
-                    us = (queued if TIMING == "queued" else single) / n_sets
+                    us = chosen((queued, single)) / n_sets
                 except Exception as exc:  # report and go on: one failing path must not end the run
                     print(f"  {s.name} T={t} {variant} FAILED: {exc!r}"[:400], flush=True)
                     continue
