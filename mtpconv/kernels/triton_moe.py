@@ -30,6 +30,7 @@ import triton.language as tl
 
 from mtpconv.kernels import pdl as pdl_setting
 from mtpconv.kernels.triton_moe_pairs import wo_moe
+from mtpconv.kernels.triton_tile import pdl_enter, pdl_leave
 
 
 @triton.jit
@@ -74,10 +75,7 @@ def _moe_grouped_kernel(
     # (xs_ptr, applied in the epilogue), so the MMA takes it as it is and accumulates in place.
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
-    if PDL:  # the ids and activations may come from the previous kernel (mtpconv.kernels.pdl)
-        tl.extra.cuda.gdc_wait()
-    if PDL == 1:
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)  # the ids and activations may come from the previous kernel
     expert = tl.load(ids_ptr + pair)
     offs_p = tl.arange(0, PAIRS_PAD)
     all_ids = tl.load(ids_ptr + offs_p, mask=offs_p < PAIRS, other=-1)
@@ -148,8 +146,7 @@ def _moe_grouped_kernel(
                 acc2 += w.to(tl.float32) * tl.reshape(xt.to(tl.float32), (1, BLOCK_K))
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
-        if PDL == 2:
-            tl.extra.cuda.gdc_launch_dependents()
+        pdl_leave(PDL)
         if not DOT:
             acc = tl.reshape(tl.sum(acc2, axis=1), (BLOCK_N, 1))
         if HAS_SCALE:
