@@ -41,7 +41,16 @@ import torch
 import torch.nn.functional as F
 
 from mtpconv.formats.fp8 import quantize_fp8
-from mtpconv.kernels import Fp8Path, Prepared, fp8_linear, pdl, run_path, takes_prepared, triton_available
+from mtpconv.kernels import (
+    Fp8Path,
+    Prepared,
+    fp8_linear,
+    fp8_mlp,
+    pdl,
+    run_path,
+    takes_prepared,
+    triton_available,
+)
 
 DRAFT_VOCAB = 32_768
 L2_SAFE_BYTES = 400 * 2**20  # a graph reads at least this much before repeating a weight
@@ -208,10 +217,11 @@ class Variant(NamedTuple):
     fused: bool  # the grouped MoE kernel prepares its inputs itself (the steps until the ninth session)
     noprep: bool  # dense linears always read BF16 rows (the steps until the tenth session)
     side: bool  # the shared expert on a side stream beside the routed ones (as vLLM runs it)
+    nomlp: bool  # the auto step's shared expert in three launches (the steps until the twelfth session)
 
 
 def variant_parts(variant: str) -> Variant:
-    """``path[+nopdl|+pdl|+late][+shared][+fused][+noprep][+side]``: the path (an FP8 path
+    """``path[+nopdl|+pdl|+late][+shared][+fused][+noprep][+side][+nomlp]``: the path (an FP8 path
     or ``bf16``), the environment of its kernels (none: the defaults), whether the shared expert runs
     inside the grouped MoE launches, and who prepares the experts' inputs. ``+pdl`` /
     ``+late`` launch the Triton kernels with programmatic dependent launch, dependents let
@@ -225,10 +235,12 @@ def variant_parts(variant: str) -> Variant:
     :func:`mtpconv.kernels.takes_prepared` says so (:func:`prepare_fn`); ``+side``: the shared
     expert runs on a side stream beside the routed experts, as vLLM runs shared experts at
     up to ``VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` (256) tokens, where by default it
-    runs after them on the step's stream."""
+    runs after them on the step's stream; ``+nomlp``: the ``auto`` step's shared expert takes
+    three launches (two linears and SiLU * up) at 1-4 tokens too, where by default
+    :func:`mtpconv.kernels.fp8_mlp` runs it in one where it can (:func:`mlp_fn`)."""
     base, *mods = variant.split("+")
     env: dict[str, str] = {}
-    shared = fused = noprep = side = False
+    shared = fused = noprep = side = nomlp = False
     for mod in mods:
         if mod == "nopdl":
             env[pdl.ENV] = "0"
@@ -244,9 +256,11 @@ def variant_parts(variant: str) -> Variant:
             noprep = True
         elif mod == "side":
             side = True
+        elif mod == "nomlp":
+            nomlp = True
         else:
             raise ValueError(f"unknown variant modifier {mod!r} in {variant!r}")
-    return Variant(base, env, shared, fused, noprep, side)
+    return Variant(base, env, shared, fused, noprep, side, nomlp)
 
 
 def is_bf16(variant: str) -> bool:
@@ -295,6 +309,19 @@ def prepare_fn(variant: str) -> PrepareFn | None:
     if parts.path != AUTO or parts.noprep:
         return None
     return lambda w, t: takes_prepared(t, *w.fp8.shape)
+
+
+MlpFn = Callable[[torch.Tensor, Linear, Linear], torch.Tensor]  # (BF16 rows, gate_up, down) -> BF16 rows
+
+
+def mlp_fn(variant: str) -> MlpFn | None:
+    """The ``auto`` step's shared expert in one call, :func:`mtpconv.kernels.fp8_mlp` (one
+    launch at 1-4 tokens where it can; its three launches elsewhere); None for other variants
+    and ``+nomlp``."""
+    parts = variant_parts(variant)
+    if parts.path != AUTO or parts.nomlp:
+        return None
+    return lambda x, gu, dn: fp8_mlp(x, gu.fp8, gu.scale, dn.fp8, dn.scale)
 
 
 MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Experts, Experts], torch.Tensor]
@@ -364,6 +391,7 @@ def step(
     glue: str = "fused",
     prepare: PrepareFn | None = None,
     side_shared: bool = False,
+    mlp: MlpFn | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One drafter step; returns (logits, topk_ids or None). ``fuse_shared``: the shared
     expert's gate computed with the router and the expert itself in the grouped MoE
@@ -379,7 +407,7 @@ def step(
     sum (:mod:`mtpconv.kernels.triton_quant`, ``triton_glue.combine_quant``); ``qkv``'s
     producer is ``fc`` itself, so it always reads BF16 rows. With ``fused`` glue and
     ``side_shared`` the shared expert runs on a side stream beside the routed experts
-    (:func:`beside`)."""
+    (:func:`beside`). ``mlp``: the shared expert on BF16 rows in one call (:func:`mlp_fn`)."""
     fused = glue == "fused"
     if fused:
         from mtpconv.kernels import triton_glue, triton_quant, triton_quant_tensor
@@ -435,6 +463,8 @@ def step(
                 sgu, sdn = ws.shared_gate_up, ws.shared_down
 
                 def shared_expert(x: Any = x) -> torch.Tensor:
+                    if mlp is not None and not isinstance(x, Fp8Rows):
+                        return mlp(x, sgu, sdn)
                     return lin(silu_in(lin(x, sgu), sdn), sdn)
 
                 if side_shared:
@@ -615,9 +645,10 @@ def bench_model(
             shared = variant_parts(variant).shared and s.experts > 0
             side = variant_parts(variant).side
             prep = prepare_fn(variant)
+            mlp = mlp_fn(variant)
             for full_head in (True, False):
                 with variant_env(variant):
-                    _, ids = step(s, sets[0], emb, hid, lin, moe, full_head, shared, glue, prep, side)
+                    _, ids = step(s, sets[0], emb, hid, lin, moe, full_head, shared, glue, prep, side, mlp)
                 distinct = int(ids.unique().numel()) if ids is not None else 0
 
                 def run(
@@ -630,9 +661,10 @@ def bench_model(
                     shared: bool = shared,
                     prep: PrepareFn | None = prep,
                     side: bool = side,
+                    mlp: MlpFn | None = mlp,
                 ) -> None:
                     for ws in sets:
-                        step(s, ws, emb, hid, lin, moe, full_head, shared, glue, prep, side)
+                        step(s, ws, emb, hid, lin, moe, full_head, shared, glue, prep, side, mlp)
 
                 try:
                     with variant_env(variant):

@@ -76,11 +76,12 @@ def report(
     prep = bd.prepare_fn(variant)
     shared = bd.variant_parts(variant).shared and s.experts > 0
     side = bd.variant_parts(variant).side
+    mlp = bd.mlp_fn(variant)
 
     def run() -> None:
-        bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side)
+        bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side, mlp)
 
-    _, ids = bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side)
+    _, ids = bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side, mlp)
     distinct = int(ids.unique().numel()) if ids is not None else 0
     nbytes = bd.step_bytes(s, ws, variant, False, distinct)
 

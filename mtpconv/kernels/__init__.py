@@ -1,7 +1,8 @@
 """FP8 linear kernels for the drafter: CUDA fast paths and pure-torch fallbacks.
 
 Importing this package never imports Triton or vLLM; Triton kernels load on
-first use with a CUDA tensor. Entry points: :func:`fp8_linear`, and the same as
+first use with a CUDA tensor. Entry points: :func:`fp8_linear`; :func:`fp8_mlp`, a
+SiLU-gated MLP of two FP8 linears (one launch where it can); and :func:`fp8_linear` as
 the opaque custom op :func:`fp8_linear_op` (``torch.ops.mtpconv.fp8_linear``)
 for code that ``torch.compile`` traces.
 """
@@ -19,6 +20,7 @@ from mtpconv.kernels.linear import (
     takes_prepared,
     triton_available,
 )
+from mtpconv.kernels.mlp import fp8_mlp
 from mtpconv.kernels.op import fp8_linear_op
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "available_paths",
     "fp8_linear",
     "fp8_linear_op",
+    "fp8_mlp",
     "run_path",
     "select_path",
     "takes_prepared",

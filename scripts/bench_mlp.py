@@ -1,0 +1,95 @@
+"""The MoE drafters' shared expert alone (CUDA): one launch against three, and BF16.
+
+    PYTHONPATH=$PWD python3 scripts/bench_mlp.py --out $OUT/mlp --tokens 1,2,4
+
+For each MoE model of ``bench_draft.SHAPES`` and token count, times the shared expert
+(gate_up, SiLU * up, down) as ``bench_draft.py --micro`` times a linear: a CUDA graph over
+weight copies rotated past L2, median of the replays, PDL as the environment says (on by
+default on Hopper). Forms:
+
+* ``fused uN``: :func:`mtpconv.kernels.triton_mlp.fused_mlp`, one launch, N gate / up K
+  steps unrolled (``default``: :func:`~mtpconv.kernels.triton_mlp.default_unroll`);
+* ``split``: the same kernel as two launches (no grid barrier);
+* ``three``: ``fp8_linear``, ``triton_glue.silu_mul``, ``fp8_linear`` (the step's form until
+  the twelfth session);
+* ``bf16``: cuBLAS, ``silu_mul``, cuBLAS on the BF16 weights.
+
+TB/s counts the weights' bytes (FP8 or BF16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_draft as bd  # noqa: E402
+
+
+def forms(unrolls: list[int]) -> dict[str, Callable[..., torch.Tensor]]:
+    from mtpconv.kernels import fp8_linear, triton_glue, triton_mlp
+
+    def fused(unroll: int | None) -> Callable[..., torch.Tensor]:
+        return lambda x, gu, dn: triton_mlp.fused_mlp(x, gu.fp8, gu.scale, dn.fp8, dn.scale, unroll=unroll)
+
+    out = {"fused default": fused(None)}
+    out |= {f"fused u{u}": fused(u) for u in unrolls}
+    out["split"] = lambda x, gu, dn: triton_mlp.fused_mlp(x, gu.fp8, gu.scale, dn.fp8, dn.scale, split=True)
+    out["three"] = lambda x, gu, dn: fp8_linear(
+        triton_glue.silu_mul(fp8_linear(x, gu.fp8, gu.scale)), dn.fp8, dn.scale
+    )
+    out["bf16"] = lambda x, gu, dn: F.linear(triton_glue.silu_mul(F.linear(x, gu.bf16)), dn.bf16)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokens", default="1,2,4")
+    ap.add_argument("--unrolls", default="1,2,4")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_mlp needs a CUDA device", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for s in bd.SHAPES.values():
+        if not s.experts:
+            continue
+        h, i = s.hidden, s.shared_intermediate
+        fp8_bytes = 3 * h * i
+        copies = max(2, math.ceil(bd.L2_SAFE_BYTES / (2 * fp8_bytes)))
+        ws = [(bd.Linear.make(2 * i, h, dev, gen), bd.Linear.make(h, i, dev, gen)) for _ in range(copies)]
+        for t in [int(v) for v in args.tokens.split(",")]:
+            x = torch.randn(t, h, device=dev, generator=gen).to(torch.bfloat16)
+            for name, fn in forms([int(u) for u in args.unrolls.split(",")]).items():
+
+                def run(fn: Callable[..., torch.Tensor] = fn, x: torch.Tensor = x, ws: list = ws) -> None:
+                    for gu, dn in ws:
+                        fn(x, gu, dn)
+
+                us = bd.time_graph(run, reps=1) / copies
+                nbytes = fp8_bytes * (2 if name == "bf16" else 1)
+                rows.append({"model": s.name, "h": h, "i": i, "tokens": t, "form": name, "us": us,
+                             "tbps": nbytes / (us * 1e-6) / 1e12})  # fmt: skip
+                print(
+                    f"{s.name} H={h} I={i} T={t} {name:<14} {us:7.2f} us {rows[-1]['tbps']:5.2f} TB/s",
+                    flush=True,
+                )
+        del ws
+        torch.cuda.empty_cache()
+    (args.out / "bench_mlp.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
