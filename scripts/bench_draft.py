@@ -324,8 +324,7 @@ def mlp_fn(variant: str) -> MlpFn | None:
     return lambda x, gu, dn: fp8_mlp(x, gu.fp8, gu.scale, dn.fp8, dn.scale)
 
 
-# (h, ids, weights, gate_up, down, h's FP8 rows from the launch that wrote h or None) -> pairs
-MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Experts, Experts, Any], torch.Tensor]
+MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Experts, Experts], torch.Tensor]
 
 
 def moe_fn(variant: str, kind: str) -> MoeFn:
@@ -335,8 +334,7 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
     up fused into the down projection's load and the routing weight into its epilogue
     (with a ``+shared`` variant the shared expert comes as one more expert that every
     token picks: :func:`step`); ``pair``: one GEMV per (token, expert) pair (the earlier
-    kernel). ``rows``: ``h`` quantized per token by the launch that wrote it, which FP8
-    experts at 2+ tokens read instead of preparing their own (``grouped`` only)."""
+    kernel)."""
     from mtpconv.kernels import triton_moe, triton_moe_pairs
 
     def w(e: Experts) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -345,14 +343,11 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
     fused = variant_parts(variant).fused
 
     def grouped(
-        h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts, rows: Any = None
+        h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts
     ) -> torch.Tensor:
-        split = False if fused else None
-        return triton_moe.routed_experts(h, w(gu), w(dn), ids, tw, split=split, h_rows=rows)
+        return triton_moe.routed_experts(h, w(gu), w(dn), ids, tw, split=False if fused else None)
 
-    def pair(
-        h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts, rows: Any = None
-    ) -> torch.Tensor:
+    def pair(h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts) -> torch.Tensor:
         y = triton_moe_pairs.wo_moe(h, *w(gu), ids, x_per_pair=False)
         d = triton_moe_pairs.wo_moe(silu_mul(y), *w(dn), ids, x_per_pair=True)
         return d * tw.reshape(-1, 1)
@@ -410,15 +405,12 @@ def step(
     tensor), that producer being the launch the step makes there anyway: the concatenation
     before ``fc``, the copy of the attention stand-in, a residual add, SiLU * up or the MoE
     sum (:mod:`mtpconv.kernels.triton_quant`, ``triton_glue.combine_quant``); ``qkv``'s
-    producer is ``fc`` itself, so it always reads BF16 rows; with ``prepare`` the MoE steps' FP8
-    experts at 2+ tokens read ``h`` as the residual add before them quantized it per token
-    (``triton_quant.add_quant``; their own quantization launch until the twelfth session).
-    With ``fused`` glue and
+    producer is ``fc`` itself, so it always reads BF16 rows. With ``fused`` glue and
     ``side_shared`` the shared expert runs on a side stream beside the routed experts
     (:func:`beside`). ``mlp``: the shared expert on BF16 rows in one call (:func:`mlp_fn`)."""
     fused = glue == "fused"
     if fused:
-        from mtpconv.kernels import triton_glue, triton_moe, triton_quant, triton_quant_tensor
+        from mtpconv.kernels import triton_glue, triton_quant, triton_quant_tensor
     act = triton_glue.silu_mul if fused else silu_mul
     t = emb.shape[0]
 
@@ -446,17 +438,8 @@ def step(
     h = lin(x, ws.fc)
     qkv = lin(h, ws.qkv)
     attn = qkv[:, : s.o_in]  # stands in for attention output (same bytes, no KV cache)
-    o_out = lin(Fp8Rows(*triton_quant.quant_per_token(attn)) if fp8(ws.o) else attn.contiguous(), ws.o)
-    experts_rows = None  # h's FP8 rows for FP8 experts, from the residual add that writes h
-    rows_for_experts = (
-        fused and prepare is not None and s.experts > 0 and 1 < t <= triton_moe.GROUPED_MAX_TOKENS
-    )
-    if rows_for_experts and kind(ws.shared_gate_up) in (None, Prepared.TOKEN):
-        h, q, sc = triton_quant.add_quant(h, o_out)
-        experts_rows = (q, sc)
-        x = Fp8Rows(q, sc) if fp8(ws.shared_gate_up) else h
-    else:
-        h, x = add(h, o_out, ws.gate_up if s.experts == 0 else ws.shared_gate_up)
+    h, x = add(h, lin(Fp8Rows(*triton_quant.quant_per_token(attn)) if fp8(ws.o) else attn.contiguous(), ws.o),
+               ws.gate_up if s.experts == 0 else ws.shared_gate_up)  # fmt: skip
     ids = None
     if s.experts == 0:
         assert ws.gate_up is not None and ws.down is not None
@@ -475,7 +458,7 @@ def step(
             ids = all_ids[:, : s.top_k]
             parts: tuple[torch.Tensor, ...]
             if fuse_shared:  # the shared expert as expert E
-                parts = (h, moe(h, all_ids, all_w, gu, dn, experts_rows))
+                parts = (h, moe(h, all_ids, all_w, gu, dn))
             else:
                 sgu, sdn = ws.shared_gate_up, ws.shared_down
 
@@ -486,12 +469,12 @@ def step(
 
                 if side_shared:
                     shared, done = beside(shared_expert, h.device)
-                    routed = moe(h, ids, all_w, gu, dn, experts_rows)
+                    routed = moe(h, ids, all_w, gu, dn)
                     torch.cuda.current_stream(h.device).wait_event(done)
                     parts = (h, routed, shared, gate)
                 else:
                     shared = shared_expert()
-                    parts = (h, moe(h, ids, all_w, gu, dn, experts_rows), shared, gate)
+                    parts = (h, moe(h, ids, all_w, gu, dn), shared, gate)
             if fp8(head):
                 h, q, sc = triton_glue.combine_quant(*parts)
                 x = Fp8Rows(q, sc)

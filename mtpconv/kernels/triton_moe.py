@@ -343,7 +343,6 @@ def routed_experts(
     route_w: torch.Tensor | None,
     *,
     split: bool | None = None,
-    h_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """A MoE layer's routed experts, ``[T*topk, H]``, one row per (token, expert) pair with
     its routing weight applied: ``gate_up`` and ``down`` are ``(weights [E, N, K], scale
@@ -355,18 +354,12 @@ def routed_experts(
     ``triton_glue.silu_mul``. Measured on the H200 (docs/BENCHMARKS.md, ninth session,
     397B and Next-80B experts at 4 and 16 tokens): split was 1-20% faster per projection in
     FP8 and 5-9% on the BF16 down projections, the launch it adds included; at one token
-    preparing SiLU * up alone won nothing. ``h_rows``: ``h`` already quantized per token
-    (``(q, scale)`` as :func:`mtpconv.kernels.triton_quant.add_quant` returns them, by the
-    launch that wrote ``h``); FP8 experts with ``split`` then read it instead of preparing
-    their own (one launch fewer), anything else ignores it."""
+    preparing SiLU * up alone won nothing."""
     t = topk_ids.shape[0]
     fp8 = gate_up[0].dtype == torch.float8_e4m3fn
     if fp8 != (down[0].dtype == torch.float8_e4m3fn):
         raise ValueError(f"routed_experts: gate_up {gate_up[0].dtype} and down {down[0].dtype} differ")
     if split is None:
         split = 1 < t <= GROUPED_MAX_TOKENS
-    if fp8 and split and t > 1 and h_rows is not None:
-        y = moe_grouped(h_rows[0], *gate_up, topk_ids, x_per_pair=False, x_scale=h_rows[1], out_dtype=h.dtype)
-    else:
-        y = moe_projection(h, *gate_up, topk_ids, x_per_pair=False, split=split)
+    y = moe_projection(h, *gate_up, topk_ids, x_per_pair=False, split=split)
     return moe_projection(y, *down, topk_ids, x_per_pair=True, act=True, route_w=route_w, split=split)

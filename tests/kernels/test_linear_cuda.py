@@ -442,15 +442,6 @@ def test_grouped_moe_fp8_activations_match_reference(tokens: int) -> None:
     q2, s2 = quant_per_token(y, act=True)
     two = triton_moe.moe_grouped(q2, dn_w, dn_s, ids, x_per_pair=True, route_w=rw, x_scale=s2)
     assert torch.equal(got, two)
-    # h's rows handed over by the launch that wrote h (a residual add): the same bytes
-    from mtpconv.kernels.triton_quant import add_quant
-
-    half = (x.float() * 0.5).to(x.dtype)
-    total, hq, hs = add_quant(half, half)
-    assert torch.equal(total, half + half)
-    want = triton_moe.routed_experts(total, (gu_w, gu_s), (dn_w, dn_s), ids, rw)
-    rows = triton_moe.routed_experts(total, (gu_w, gu_s), (dn_w, dn_s), ids, rw, h_rows=(hq, hs))
-    assert torch.equal(rows, want)
     # both FP8 chains against a float64 one on the dequantized experts (the activations
     # rounded to BF16 where the kernels write them): two W8A8 stages, each within 6e-2
     # above, so the chain's bound is 8e-2
