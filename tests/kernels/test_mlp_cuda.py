@@ -148,7 +148,8 @@ def test_fp8_mlp_takes_one_launch_here_and_three_elsewhere(monkeypatch: pytest.M
         assert torch.equal(one, triton_mlp.fused_mlp(x, gu, gs, dn, ds))
     # beyond 4 rows, the three launches
     x16 = torch.randn(16, 4096, device="cuda").to(torch.bfloat16)
-    assert _rel(fp8_mlp(x16, gu, gs, dn, ds), _reference(x16, gu, gs, dn, ds)) < 2e-2
+    # (FP8 activations there, W8A8 error: the bound of the other W8A8 tests)
+    assert _rel(fp8_mlp(x16, gu, gs, dn, ds), _reference(x16, gu, gs, dn, ds)) < 6e-2
 
 
 def test_fused_mlp_refuses_what_it_cannot_run() -> None:
