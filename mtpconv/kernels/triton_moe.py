@@ -179,8 +179,11 @@ def default_config(
     FMA with 8-row tiles, 512-wide K steps and 2 warps was the best of 24 configurations
     in all four FP8 cases (by 6-23% over the previous choice) and on the BF16 down
     projections (K <= 1024; by 3-22%); the BF16 gate_up projections keep 1024-wide K steps
-    with 4 warps (within 1% of their best). Experts with K < 512 (not swept) take the
-    FMA. 2+ tokens, from ``scripts/sweep_moe.py --tokens 4,16 --split`` (docs/BENCHMARKS.md,
+    with 4 warps (within 1% of their best). With PDL on (twelfth session, the same sweep):
+    FP8 experts with K >= 4096 (397B's gate_up) take 1024-wide K steps with 4 warps too,
+    24.5 us against 27.3 with 512-wide ones; on Next-80B's (K = 2048) and both down
+    projections 512-wide steps with 2 warps stayed the best. Experts with K < 512 (not
+    swept) take the FMA. 2+ tokens, from ``scripts/sweep_moe.py --tokens 4,16 --split`` (docs/BENCHMARKS.md,
     ninth session): the MMA with 64 x 128 tiles, 4 warps and 3 stages on inputs that need
     nothing more (FP8 activations quantized per token beforehand, BF16 ones without SiLU *
     up), within 1.1% of the best of 32 tiles in all eight FP8 and four BF16 cases; BF16
@@ -191,6 +194,8 @@ def default_config(
     if tokens == 1 and not fp8_x:
         if k < 512:
             return 16, 256, 4, 3, FMA
+        if fp8 and k >= 4096:
+            return 8, 1024, 4, 3, FMA_NARROW
         if fp8 or k <= 1024:
             return 8, 512, 2, 3, FMA_NARROW
         return 8, 1024, 4, 3, FMA_NARROW

@@ -362,3 +362,16 @@ def test_triton_weight_only_kernels_under_interpreter() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "interpreted kernels ok" in done.stdout
+
+
+def test_grouped_moe_one_token_rule() -> None:
+    """The grouped MoE kernel's measured one-token configurations (triton_moe.default_config)."""
+    pytest.importorskip("triton")
+    from mtpconv.kernels import triton_moe
+
+    narrow = triton_moe.FMA_NARROW
+    assert triton_moe.default_config(1, 2048, 4096, fp8=True) == (8, 1024, 4, 3, narrow)  # 397B gate_up
+    assert triton_moe.default_config(1, 1024, 2048, fp8=True) == (8, 512, 2, 3, narrow)  # Next gate_up
+    assert triton_moe.default_config(1, 4096, 1024, fp8=True, act=True) == (8, 512, 2, 3, narrow)
+    assert triton_moe.default_config(1, 2048, 4096, fp8=False) == (8, 1024, 4, 3, narrow)  # BF16 gate_up
+    assert triton_moe.default_config(1, 64, 256, fp8=True)[4] == triton_moe.FMA
