@@ -7,8 +7,8 @@ For each MoE model of ``bench_draft.SHAPES`` and token count, times the shared e
 weight copies rotated past L2, median of the replays, PDL as the environment says (on by
 default on Hopper). Forms:
 
-* ``fused uN``: :func:`mtpconv.kernels.triton_mlp.fused_mlp`, one launch, N gate / up K
-  steps unrolled (``default``: :func:`~mtpconv.kernels.triton_mlp.default_unroll`);
+* ``fused pP uN``: :func:`mtpconv.kernels.triton_mlp.fused_mlp`, one launch, P programs a
+  SM, N gate / up K steps unrolled (``fused default``: the kernel's defaults);
 * ``split``: the same kernel as two launches (no grid barrier);
 * ``three``: ``fp8_linear``, ``triton_glue.silu_mul``, ``fp8_linear`` (the step's form until
   the twelfth session);
@@ -33,14 +33,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_draft as bd  # noqa: E402
 
 
-def forms(unrolls: list[int]) -> dict[str, Callable[..., torch.Tensor]]:
+def forms(unrolls: list[int], per_sms: list[int]) -> dict[str, Callable[..., torch.Tensor]]:
     from mtpconv.kernels import fp8_linear, triton_glue, triton_mlp
 
-    def fused(unroll: int | None) -> Callable[..., torch.Tensor]:
-        return lambda x, gu, dn: triton_mlp.fused_mlp(x, gu.fp8, gu.scale, dn.fp8, dn.scale, unroll=unroll)
+    def fused(unroll: int | None, per_sm: int = triton_mlp.PER_SM) -> Callable[..., torch.Tensor]:
+        return lambda x, gu, dn: triton_mlp.fused_mlp(
+            x, gu.fp8, gu.scale, dn.fp8, dn.scale, unroll=unroll, per_sm=per_sm
+        )
 
     out = {"fused default": fused(None)}
-    out |= {f"fused u{u}": fused(u) for u in unrolls}
+    out |= {f"fused p{p} u{u}": fused(u, p) for p in per_sms for u in unrolls}
     out["split"] = lambda x, gu, dn: triton_mlp.fused_mlp(x, gu.fp8, gu.scale, dn.fp8, dn.scale, split=True)
     out["three"] = lambda x, gu, dn: fp8_linear(
         triton_glue.silu_mul(fp8_linear(x, gu.fp8, gu.scale)), dn.fp8, dn.scale
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tokens", default="1,2,4")
     ap.add_argument("--unrolls", default="1,2,4")
+    ap.add_argument("--per-sm", default="2,4", help="programs a SM of the fused forms")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_mlp needs a CUDA device", file=sys.stderr)
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         ws = [(bd.Linear.make(2 * i, h, dev, gen), bd.Linear.make(h, i, dev, gen)) for _ in range(copies)]
         for t in [int(v) for v in args.tokens.split(",")]:
             x = torch.randn(t, h, device=dev, generator=gen).to(torch.bfloat16)
-            for name, fn in forms([int(u) for u in args.unrolls.split(",")]).items():
+            per_sms = [int(p) for p in args.per_sm.split(",")]
+            for name, fn in forms([int(u) for u in args.unrolls.split(",")], per_sms).items():
 
                 def run(fn: Callable[..., torch.Tensor] = fn, x: torch.Tensor = x, ws: list = ws) -> None:
                     for gu, dn in ws:

@@ -8,8 +8,8 @@ float32). It is the MoE drafters' shared expert: its two small linears (1-8 MB a
 benchmarked shapes) and the SiLU * up between them took three launches, each too short to
 reach the GPU's bandwidth (docs/BENCHMARKS.md, issue 12).
 
-One launch of resident programs (at most two a SM with 4 warps, so they are all resident
-at once whatever their register count):
+One launch of resident programs (``per_sm`` a SM, their registers capped so that they all
+fit at once, the grid barrier's condition):
 
 1. each program loads its first rows of ``down`` into registers first: weights do not
    depend on the previous kernel, so with PDL they are read while it finishes;
@@ -40,7 +40,8 @@ from mtpconv.kernels.triton_quant import agreement_state, sm_count, stream_key
 from mtpconv.kernels.triton_tile import pdl_enter, pdl_leave, weight_tile
 
 WARPS = 4
-PROGRAMS_PER_SM = 2  # 2 x 4 warps x 255 registers fit one SM's 64K registers: all resident
+PER_SM = 2  # programs a SM by default
+REGISTERS_PER_SM = 65536  # a 64K register file on every NVIDIA GPU Triton builds for (sm_80+)
 BLOCK_K = 256 * WARPS  # gate/up K step: the narrow loads' layout needs no exchange from here
 DOWN_TILE_BYTES = 16 * 1024  # the down rows a program holds in registers across the barrier
 BOTH, GATE_UP, DOWN = 0, 1, 2  # what one launch does (PHASE)
@@ -217,10 +218,12 @@ def fused_mlp(
     *,
     split: bool = False,
     unroll: int | None = None,
+    per_sm: int = PER_SM,
 ) -> torch.Tensor:
     """``(SiLU(x @ gate.T) * (x @ up.T)) @ down.T`` for ``x [..., H]`` of 1-4 rows (BF16 or
     FP16; the output takes its dtype). ``split``: two launches, no barrier. ``unroll``: gate /
-    up K steps whose loads are issued together (default :func:`default_unroll`)."""
+    up K steps whose loads are issued together (default :func:`default_unroll`). ``per_sm``:
+    programs a SM (1, 2 or 4), each held to 64K / (``per_sm`` x 128) registers."""
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -234,7 +237,9 @@ def fused_mlp(
     i = gate_up.shape[0] // 2
     gs, ds = _scale(gate_up_scale, 2 * i, "gate_up"), _scale(down_scale, h, "down")
     out = torch.empty((m, h), dtype=x.dtype, device=x.device)
-    programs = PROGRAMS_PER_SM * (sm_count(x.device.index or 0) if x.device.type == "cuda" else 8)
+    if per_sm not in (1, 2, 4):
+        raise ValueError(f"fused_mlp: per_sm is 1, 2 or 4, got {per_sm}")
+    programs = per_sm * (sm_count(x.device.index or 0) if x.device.type == "cuda" else 8)
     block_i = triton.next_power_of_2(triton.cdiv(i, programs))
     i_pad = triton.next_power_of_2(i)
     block_h = min(triton.next_power_of_2(triton.cdiv(h, programs)), max(1, DOWN_TILE_BYTES // i_pad))
@@ -254,6 +259,8 @@ def fused_mlp(
         "UNROLL": unroll,
         "EVEN_H": h % (unroll * BLOCK_K) == 0,
         "num_warps": WARPS,
+        # at most 255 registers a thread: a cap only from 4 programs a SM
+        "maxnreg": min(255, REGISTERS_PER_SM // (per_sm * WARPS * 32)) // 8 * 8,
         **pdl.launch(x.device),
     }
     args = (x2, gate_up, gs, down, ds, act, cnt, out, m, h, i, x2.stride(0), out.stride(0))

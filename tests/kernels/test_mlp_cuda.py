@@ -76,7 +76,9 @@ def test_every_unroll_and_the_two_launch_form_agree(h: int, i: int, tokens: int)
     ref = _reference(x, gu, gs, dn, ds)
     for split in (False, True):
         for unroll in (1, 2, 4):
-            _check(triton_mlp.fused_mlp(x, gu, gs, dn, ds, split=split, unroll=unroll), ref, (split, unroll))
+            for per_sm in (1, 2, 4):
+                y = triton_mlp.fused_mlp(x, gu, gs, dn, ds, split=split, unroll=unroll, per_sm=per_sm)
+                _check(y, ref, (split, unroll, per_sm))
 
 
 def test_fused_mlp_repeats_bit_for_bit_and_keeps_leading_dims() -> None:
