@@ -203,10 +203,12 @@ def _scale(s: torch.Tensor, rows: int, what: str) -> torch.Tensor:
     return s if s.is_contiguous() else s.contiguous()
 
 
-def default_unroll(m: int, h: int) -> int:
-    """Gate / up K steps unrolled together: all of H up to 4 steps (2 at 3-4 tokens, whose
-    accumulators and rows take the registers; offline sm_90 builds spill beyond that)."""
-    return int(max(1, min(triton.cdiv(h, BLOCK_K), 2 if m > 2 else 4)))
+def default_unroll(h: int) -> int:
+    """Gate / up K steps unrolled together: all of H up to 4 steps. Measured on the H200
+    (``scripts/bench_mlp.py``, twelfth session): at 4 tokens on 397B's shared expert 4 steps
+    took 11.6 us against 12.3 with 2 (two calls); at one token 4 and 2 were within 0.2 us;
+    1 step was the slowest at 1-4 tokens."""
+    return int(max(1, min(triton.cdiv(h, BLOCK_K), 4)))
 
 
 def fused_mlp(
@@ -244,7 +246,7 @@ def fused_mlp(
     i_pad = triton.next_power_of_2(i)
     block_h = min(triton.next_power_of_2(triton.cdiv(h, programs)), max(1, DOWN_TILE_BYTES // i_pad))
     programs = min(programs, max(triton.cdiv(i, block_i), triton.cdiv(h, block_h)))
-    unroll = unroll or default_unroll(m, h)
+    unroll = unroll or default_unroll(h)
     act = _act_workspace(x.device, MAX_TOKENS * i)
     cnt = agreement_state(x.device, "mlp", programs, 1)[1]
     common = {
