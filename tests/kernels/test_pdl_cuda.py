@@ -155,7 +155,9 @@ def test_dependent_chain_in_cuda_graph_with_pdl(
     _replays_match_eager(chain, chain, refresh, mode, monkeypatch)
 
 
-def _producer_chain(emb: torch.Tensor, hid: torch.Tensor, ws: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
+def _producer_chain(
+    emb: torch.Tensor, hid: torch.Tensor, ws: list[tuple[torch.Tensor, torch.Tensor]]
+) -> list:
     """The step's producers between linears, each reading what the one before wrote: the
     concatenation's FP8 rows, a residual add with its rows (split across programs that
     agree on the amax: 10240 columns), SiLU * up's rows, the per-tensor add before a
@@ -215,7 +217,9 @@ def _both_paths(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, cfg: object, 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("m", [1, 4, 16])
-def test_linear_sees_the_rows_written_just_before_it(mode: str, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_linear_sees_the_rows_written_just_before_it(
+    mode: str, m: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Kernels write a linear's activations just before it (in a graph, with PDL: a torch
     copy, then our per-token quantization, which lets its dependents launch at once): the
     linear sees this replay's values, for every path its configurations take (FMA, GEMV,
@@ -229,7 +233,10 @@ def test_linear_sees_the_rows_written_just_before_it(mode: str, m: int, monkeypa
     sms = ts.sm_count(0)
     cfgs = [ts.default_config(m, n, k, sms), ts.Config(False, 8, 512, 4, 3, 4 * sms)]
     if m > 1:
-        cfgs += [ts.Config(True, 64, 128, 4, 3, 4 * sms, 2, tma=True), ts.Config(True, 64, 256, 4, 3, 2 * sms, 2)]
+        cfgs += [
+            ts.Config(True, 64, 128, 4, 3, 4 * sms, 2, tma=True),
+            ts.Config(True, 64, 256, 4, 3, 2 * sms, 2),
+        ]
     for layout in ("tensor", "block"):
         w, s = _weight(n, k, layout, g)
         for cfg in cfgs:
@@ -237,11 +244,15 @@ def test_linear_sees_the_rows_written_just_before_it(mode: str, m: int, monkeypa
                 c = cfg._replace(programs=programs)
                 prep = ts.prepared_config(m, n, k, sms)._replace(programs=programs)
 
-                def capture(w: torch.Tensor = w, s: torch.Tensor = s, c: object = c, prep: object = prep) -> list:
+                def capture(
+                    w: torch.Tensor = w, s: torch.Tensor = s, c: object = c, prep: object = prep
+                ) -> list:
                     x.copy_(src)
                     return _both_paths(x, w, s, c, prep)
 
-                def eager(w: torch.Tensor = w, s: torch.Tensor = s, c: object = c, prep: object = prep) -> list:
+                def eager(
+                    w: torch.Tensor = w, s: torch.Tensor = s, c: object = c, prep: object = prep
+                ) -> list:
                     return _both_paths(src, w, s, c, prep)
 
                 def refresh() -> None:
