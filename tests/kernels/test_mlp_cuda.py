@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from mtpconv.formats.fp8 import quantize_fp8
-from mtpconv.kernels import pdl
+from tests.kernels.graph_replay import replays_match_eager
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -112,22 +112,11 @@ def test_fused_mlp_in_a_graph_after_a_producer_sees_each_replays_rows(
         z = triton_mlp.fused_mlp(y, gu, gs, dn, ds)  # two in a row: the counter and workspace reused
         return [y, z, fp8_linear(z, w_after, s_after)]
 
-    monkeypatch.setenv(pdl.ENV, mode)
-    src.copy_(torch.randn(4, 4096))
-    chain()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = chain()
-    for replay in range(3):
+    def refresh() -> None:
         src.copy_(torch.randn(4, 4096))
-        graph.replay()
-        torch.cuda.synchronize()
-        monkeypatch.setenv(pdl.ENV, "0")
-        want = chain()
-        monkeypatch.setenv(pdl.ENV, mode)
-        for k, (a, b) in enumerate(zip(captured, want, strict=True)):
-            assert torch.equal(a, b), (mode, replay, k)
+
+    refresh()
+    replays_match_eager(chain, chain, refresh, mode, monkeypatch)
 
 
 def test_fp8_mlp_takes_one_launch_here_and_three_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:

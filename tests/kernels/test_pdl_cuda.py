@@ -10,13 +10,12 @@ captured in a CUDA graph and replayed with new inputs. Skipped without a Hopper-
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
 
 from mtpconv.formats.fp8 import quantize_fp8
 from mtpconv.kernels import pdl, reference, triton_available
+from tests.kernels.graph_replay import replays_match_eager
 
 pytestmark = [
     pytest.mark.cuda,
@@ -78,34 +77,6 @@ def test_skinny_with_pdl_is_bit_identical_and_matches_reference(
         assert _rel(y, ref) < (1e-2 if m == 1 else 6e-2)
 
 
-def _replays_match_eager(
-    capture: Callable[[], list[torch.Tensor]],
-    eager: Callable[[], list[torch.Tensor]],
-    refresh: Callable[[], None],
-    mode: str,
-    monkeypatch: pytest.MonkeyPatch,
-    replays: int = 3,
-) -> None:
-    """``capture()`` captured in a CUDA graph with PDL in ``mode`` replays, after each
-    ``refresh()`` of its inputs, to the bytes of ``eager()`` run without PDL (a missing wait
-    would read the previous replay's data)."""
-    monkeypatch.setenv(pdl.ENV, mode)
-    capture()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = capture()
-    for replay in range(replays):
-        refresh()
-        graph.replay()
-        torch.cuda.synchronize()
-        monkeypatch.setenv(pdl.ENV, "0")
-        want = eager()
-        monkeypatch.setenv(pdl.ENV, mode)
-        for i, (a, b) in enumerate(zip(captured, want, strict=True)):
-            assert torch.equal(a, b), (mode, replay, i)
-
-
 def _chain(x: torch.Tensor, ws: list[tuple[torch.Tensor, torch.Tensor]], moe: tuple) -> list[torch.Tensor]:
     """Dependent kernels: each linear reads the previous output (split-K forced on the
     big ones, so they share the per-stream workspace), a torch op in between, then the
@@ -152,7 +123,7 @@ def test_dependent_chain_in_cuda_graph_with_pdl(
     def refresh() -> None:
         x.copy_(torch.randn(tokens, 2048, generator=g).to(torch.bfloat16))
 
-    _replays_match_eager(chain, chain, refresh, mode, monkeypatch)
+    replays_match_eager(chain, chain, refresh, mode, monkeypatch)
 
 
 def _producer_chain(
@@ -201,7 +172,7 @@ def test_producer_chain_in_cuda_graph_with_pdl(
         emb.copy_(torch.randn(tokens, 2048, generator=g).to(torch.bfloat16))
         hid.copy_(torch.randn(tokens, 2048, generator=g).to(torch.bfloat16) * 100)
 
-    _replays_match_eager(chain, chain, refresh, mode, monkeypatch)
+    replays_match_eager(chain, chain, refresh, mode, monkeypatch)
 
 
 def _both_paths(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, cfg: object, prep: object) -> list:
@@ -258,7 +229,7 @@ def test_linear_sees_the_rows_written_just_before_it(
                 def refresh() -> None:
                     src.copy_(torch.randn(m, k, generator=g).to(torch.bfloat16))
 
-                _replays_match_eager(capture, eager, refresh, mode, monkeypatch, replays=2)
+                replays_match_eager(capture, eager, refresh, mode, monkeypatch, replays=2)
 
 
 def test_late_by_default_here(monkeypatch: pytest.MonkeyPatch) -> None:
