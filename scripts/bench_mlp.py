@@ -36,7 +36,7 @@ import bench_draft as bd  # noqa: E402
 def forms(unrolls: list[int], per_sms: list[int]) -> dict[str, Callable[..., torch.Tensor]]:
     from mtpconv.kernels import fp8_linear, triton_glue, triton_mlp
 
-    def fused(unroll: int | None, per_sm: int = triton_mlp.PER_SM) -> Callable[..., torch.Tensor]:
+    def fused(unroll: int | None, per_sm: int | None = None) -> Callable[..., torch.Tensor]:
         return lambda x, gu, dn: triton_mlp.fused_mlp(
             x, gu.fp8, gu.scale, dn.fp8, dn.scale, unroll=unroll, per_sm=per_sm
         )

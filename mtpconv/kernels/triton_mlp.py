@@ -40,7 +40,6 @@ from mtpconv.kernels.triton_quant import agreement_state, sm_count, stream_key
 from mtpconv.kernels.triton_tile import pdl_enter, pdl_leave, weight_tile
 
 WARPS = 4
-PER_SM = 2  # programs a SM by default
 REGISTERS_PER_SM = 65536  # a 64K register file on every NVIDIA GPU Triton builds for (sm_80+)
 BLOCK_K = 256 * WARPS  # gate/up K step: the narrow loads' layout needs no exchange from here
 DOWN_TILE_BYTES = 16 * 1024  # the down rows a program holds in registers across the barrier
@@ -211,6 +210,14 @@ def default_unroll(h: int) -> int:
     return int(max(1, min(triton.cdiv(h, BLOCK_K), 4)))
 
 
+def default_per_sm(m: int, h: int) -> int:
+    """Programs a SM: 4 at one token with H >= 4096, else 2. Measured on the H200
+    (``scripts/bench_mlp.py``, twelfth session, two calls): 397B's shared expert at one
+    token 6.80 / 6.74 us with 4 against 7.25 / 7.11 with 2; with 4 at 2-4 tokens, and on
+    Next-80B's (H = 2048) at 1-4, up to 1.1 us slower."""
+    return 4 if m == 1 and h >= 4096 else 2
+
+
 def fused_mlp(
     x: torch.Tensor,
     gate_up: torch.Tensor,
@@ -220,12 +227,13 @@ def fused_mlp(
     *,
     split: bool = False,
     unroll: int | None = None,
-    per_sm: int = PER_SM,
+    per_sm: int | None = None,
 ) -> torch.Tensor:
     """``(SiLU(x @ gate.T) * (x @ up.T)) @ down.T`` for ``x [..., H]`` of 1-4 rows (BF16 or
     FP16; the output takes its dtype). ``split``: two launches, no barrier. ``unroll``: gate /
     up K steps whose loads are issued together (default :func:`default_unroll`). ``per_sm``:
-    programs a SM (1, 2 or 4), each held to 64K / (``per_sm`` x 128) registers."""
+    programs a SM (1, 2 or 4), each held to 64K / (``per_sm`` x 128) registers (default
+    :func:`default_per_sm`)."""
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -239,6 +247,7 @@ def fused_mlp(
     i = gate_up.shape[0] // 2
     gs, ds = _scale(gate_up_scale, 2 * i, "gate_up"), _scale(down_scale, h, "down")
     out = torch.empty((m, h), dtype=x.dtype, device=x.device)
+    per_sm = per_sm or default_per_sm(m, h)
     if per_sm not in (1, 2, 4):
         raise ValueError(f"fused_mlp: per_sm is 1, 2 or 4, got {per_sm}")
     programs = per_sm * (sm_count(x.device.index or 0) if x.device.type == "cuda" else 8)

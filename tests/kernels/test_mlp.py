@@ -55,3 +55,13 @@ def test_fp8_mlp_keeps_leading_dims() -> None:
     dn, ds = _fp8(16, 16, 7)
     x = torch.randn(2, 3, 16).to(torch.bfloat16)
     assert fp8_mlp(x, gu, gs, dn, ds).shape == (2, 3, 16)
+
+
+def test_one_launch_defaults_follow_the_measurements() -> None:
+    pytest.importorskip("triton")
+    from mtpconv.kernels import triton_mlp
+
+    assert triton_mlp.default_unroll(4096) == 4 and triton_mlp.default_unroll(2048) == 2
+    assert triton_mlp.default_unroll(7168) == 4 and triton_mlp.default_unroll(64) == 1
+    assert triton_mlp.default_per_sm(1, 4096) == 4  # 397B's shared expert at one token
+    assert triton_mlp.default_per_sm(4, 4096) == 2 and triton_mlp.default_per_sm(1, 2048) == 2
