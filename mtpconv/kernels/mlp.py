@@ -24,13 +24,19 @@ MAX_TOKENS = 4
 
 
 def fits(
-    m: int, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor, down_scale: torch.Tensor
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    gate_up_scale: torch.Tensor,
+    down: torch.Tensor,
+    down_scale: torch.Tensor,
 ) -> bool:
-    """Whether the one-launch kernel takes ``m`` rows and these weights: 1-4 rows, contiguous
-    FP8 ``[2I, H]`` / ``[H, I]`` weights with H a multiple of 16, per-tensor or per-row scales."""
-    if gate_up.dim() != 2 or down.dim() != 2:
+    """Whether the one-launch kernel takes ``x [..., H]`` and these weights: 1-4 rows,
+    contiguous FP8 ``[2I, H]`` / ``[H, I]`` weights with H a multiple of 16, per-tensor or
+    per-row scales."""
+    if gate_up.dim() != 2 or down.dim() != 2 or x.dim() == 0:
         return False
     two_i, h = gate_up.shape
+    m = x.numel() // h if x.shape[-1] == h and h else 0
     return (
         1 <= m <= MAX_TOKENS
         and gate_up.dtype == down.dtype == torch.float8_e4m3fn
@@ -67,12 +73,7 @@ def fp8_mlp(
     """``(SiLU(x @ gate.T) * (x @ up.T)) @ down.T`` for ``x [..., H]``; ``gate_up`` FP8
     ``[2I, H]`` (gate rows first), ``down`` FP8 ``[H, I]``, each scale 0-d, per row or (three
     launches only) 128x128 blocks. The output has ``x``'s dtype and leading shape."""
-    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (
-        fused_here(x)
-        and gate_up.shape[-1] == x.shape[-1]
-        and fits(m, gate_up, gate_up_scale, down, down_scale)
-    ):
+    if fused_here(x) and fits(x, gate_up, gate_up_scale, down, down_scale):
         from mtpconv.kernels import triton_mlp
 
         return triton_mlp.fused_mlp(x, gate_up, gate_up_scale, down, down_scale)

@@ -194,10 +194,8 @@ def _act_workspace(device: torch.device, floats: int) -> torch.Tensor:
     return ws
 
 
-def _scale(s: torch.Tensor, rows: int, what: str) -> torch.Tensor:
-    """A 0-d or ``[rows]`` float32 scale (raises on any other layout)."""
-    if s.numel() not in (1, rows):
-        raise ValueError(f"fused_mlp: {what} scale of shape {tuple(s.shape)} is neither 0-d nor [{rows}]")
+def _scale(s: torch.Tensor) -> torch.Tensor:
+    """A 0-d or per-row scale (as :func:`mtpconv.kernels.mlp.fits` checked) as float32."""
     s = s.to(torch.float32).reshape(-1 if s.numel() > 1 else ())
     return s if s.is_contiguous() else s.contiguous()
 
@@ -238,14 +236,14 @@ def fused_mlp(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m, h = x2.shape
-    if not fits(m, gate_up, gate_up_scale, down, down_scale) or gate_up.shape[1] != h:
+    if not fits(x2, gate_up, gate_up_scale, down, down_scale):
         raise ValueError(
             f"fused_mlp takes 1-{MAX_TOKENS} rows of H = a multiple of 16 and contiguous FP8 "
             f"[2I, H] / [H, I] weights with 0-d or per-row scales: got x {tuple(x2.shape)}, "
             f"gate_up {tuple(gate_up.shape)} {gate_up.dtype}, down {tuple(down.shape)} {down.dtype}"
         )
     i = gate_up.shape[0] // 2
-    gs, ds = _scale(gate_up_scale, 2 * i, "gate_up"), _scale(down_scale, h, "down")
+    gs, ds = _scale(gate_up_scale), _scale(down_scale)
     out = torch.empty((m, h), dtype=x.dtype, device=x.device)
     per_sm = per_sm or default_per_sm(m, h)
     if per_sm not in (1, 2, 4):

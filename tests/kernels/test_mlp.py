@@ -19,16 +19,22 @@ def _fp8(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def test_fits_takes_one_to_four_rows_of_matching_fp8_weights() -> None:
     gu, gs = _fp8(128, 64, 0)
     dn, ds = _fp8(64, 64, 1)
-    assert all(mlp.fits(m, gu, gs, dn, ds) for m in (1, 2, 3, 4))
-    assert not mlp.fits(0, gu, gs, dn, ds)
-    assert not mlp.fits(5, gu, gs, dn, ds)
-    assert mlp.fits(2, gu, torch.ones(128), dn, torch.ones(64))  # per-row scales
-    assert not mlp.fits(2, gu, torch.ones(2, 2), dn, ds)  # 128x128 blocks: three launches
-    assert not mlp.fits(2, gu, gs, dn[:, :32].contiguous(), ds)  # down's K is not I
-    assert not mlp.fits(2, gu.to(torch.bfloat16), gs, dn, ds)
-    assert not mlp.fits(2, gu.t(), gs, dn, ds)  # not contiguous
+
+    def rows(m: int, h: int = 64) -> torch.Tensor:
+        return torch.zeros(m, h, dtype=torch.bfloat16)
+
+    assert all(mlp.fits(rows(m), gu, gs, dn, ds) for m in (1, 2, 3, 4))
+    assert mlp.fits(torch.zeros(2, 2, 64), gu, gs, dn, ds)  # leading dims: 4 rows
+    assert not mlp.fits(rows(0), gu, gs, dn, ds)
+    assert not mlp.fits(rows(5), gu, gs, dn, ds)
+    assert not mlp.fits(rows(2, 32), gu, gs, dn, ds)  # x's width is not H
+    assert mlp.fits(rows(2), gu, torch.ones(128), dn, torch.ones(64))  # per-row scales
+    assert not mlp.fits(rows(2), gu, torch.ones(2, 2), dn, ds)  # 128x128 blocks: three launches
+    assert not mlp.fits(rows(2), gu, gs, dn[:, :32].contiguous(), ds)  # down's K is not I
+    assert not mlp.fits(rows(2), gu.to(torch.bfloat16), gs, dn, ds)
+    assert not mlp.fits(rows(2), gu.t(), gs, dn, ds)  # not contiguous
     odd, odd_s = _fp8(128, 24, 2)
-    assert not mlp.fits(2, odd, odd_s, _fp8(24, 64, 3)[0], ds)  # H = 24 is not a multiple of 16
+    assert not mlp.fits(rows(2, 24), odd, odd_s, _fp8(24, 64, 3)[0], ds)  # H = 24 is not a multiple of 16
 
 
 def test_cpu_takes_the_three_launches(monkeypatch: pytest.MonkeyPatch) -> None:
