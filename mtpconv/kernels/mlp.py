@@ -23,6 +23,14 @@ ENV = "MTPCONV_FUSED_MLP"
 MAX_TOKENS = 4
 
 
+def shapes_match(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
+    """``x [..., H]``, ``gate_up [2I, H]``, ``down [H, I]``."""
+    if gate_up.dim() != 2 or down.dim() != 2 or x.dim() == 0:
+        return False
+    two_i, h = gate_up.shape
+    return two_i % 2 == 0 and x.shape[-1] == h and tuple(down.shape) == (h, two_i // 2)
+
+
 def fits(
     x: torch.Tensor,
     gate_up: torch.Tensor,
@@ -33,17 +41,15 @@ def fits(
     """Whether the one-launch kernel takes ``x [..., H]`` and these weights: 1-4 rows,
     contiguous FP8 ``[2I, H]`` / ``[H, I]`` weights with H a multiple of 16, per-tensor or
     per-row scales."""
-    if gate_up.dim() != 2 or down.dim() != 2 or x.dim() == 0:
+    if not shapes_match(x, gate_up, down):
         return False
     two_i, h = gate_up.shape
-    m = x.numel() // h if x.shape[-1] == h and h else 0
+    m = x.numel() // h if h else 0
     return (
         1 <= m <= MAX_TOKENS
         and gate_up.dtype == down.dtype == torch.float8_e4m3fn
         and gate_up.is_contiguous()
         and down.is_contiguous()
-        and two_i % 2 == 0
-        and tuple(down.shape) == (h, two_i // 2)
         and h % 16 == 0
         and gate_up_scale.numel() in (1, two_i)
         and down_scale.numel() in (1, h)
@@ -73,6 +79,11 @@ def fp8_mlp(
     """``(SiLU(x @ gate.T) * (x @ up.T)) @ down.T`` for ``x [..., H]``; ``gate_up`` FP8
     ``[2I, H]`` (gate rows first), ``down`` FP8 ``[H, I]``, each scale 0-d, per row or (three
     launches only) 128x128 blocks. The output has ``x``'s dtype and leading shape."""
+    if not shapes_match(x, gate_up, down):
+        raise ValueError(
+            f"fp8_mlp takes x [..., H], gate_up [2I, H] and down [H, I]: got x {tuple(x.shape)}, "
+            f"gate_up {tuple(gate_up.shape)}, down {tuple(down.shape)}"
+        )
     if fused_here(x) and fits(x, gate_up, gate_up_scale, down, down_scale):
         from mtpconv.kernels import triton_mlp
 

@@ -71,3 +71,17 @@ def test_one_launch_defaults_follow_the_measurements() -> None:
     assert triton_mlp.default_unroll(7168) == 4 and triton_mlp.default_unroll(64) == 1
     assert triton_mlp.default_per_sm(1, 4096) == 4  # 397B's shared expert at one token
     assert triton_mlp.default_per_sm(4, 4096) == 2 and triton_mlp.default_per_sm(1, 2048) == 2
+
+
+def test_fp8_mlp_names_mismatched_shapes() -> None:
+    gu, gs = _fp8(64, 32, 8)
+    dn, ds = _fp8(32, 32, 9)
+    x = torch.randn(2, 32).to(torch.bfloat16)
+    assert fp8_mlp(x, gu, gs, dn, ds).shape == (2, 32)
+    for args in (
+        (x[:, :16], gu, gs, dn, ds),  # x's width is not H
+        (x, gu[:63], gs, dn, ds),  # an odd number of gate / up rows
+        (x, gu, gs, dn[:, :8], ds),  # down's K is not I
+    ):
+        with pytest.raises(ValueError, match=r"gate_up \[2I, H\] and down \[H, I\]"):
+            fp8_mlp(*args)
