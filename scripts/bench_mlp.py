@@ -10,8 +10,8 @@ default on Hopper). Forms:
 * ``fused pP uN``: :func:`mtpconv.kernels.triton_mlp.fused_mlp`, one launch, P programs a
   SM, N gate / up K steps unrolled (``fused default``: the kernel's defaults);
 * ``split``: the same kernel as two launches (no grid barrier);
-* ``three``: ``fp8_linear``, ``triton_glue.silu_mul``, ``fp8_linear`` (the step's form until
-  the twelfth session);
+* ``three``: :func:`mtpconv.kernels.mlp.three_launches`, ``fp8_linear``, SiLU * up,
+  ``fp8_linear`` (the step's form until the twelfth session);
 * ``bf16``: cuBLAS, ``silu_mul``, cuBLAS on the BF16 weights.
 
 TB/s counts the weights' bytes (FP8 or BF16).
@@ -34,7 +34,7 @@ import bench_draft as bd  # noqa: E402
 
 
 def forms(unrolls: list[int], per_sms: list[int]) -> dict[str, Callable[..., torch.Tensor]]:
-    from mtpconv.kernels import fp8_linear, triton_glue, triton_mlp
+    from mtpconv.kernels import mlp, triton_glue, triton_mlp
 
     def fused(unroll: int | None, per_sm: int | None = None) -> Callable[..., torch.Tensor]:
         return lambda x, gu, dn: triton_mlp.fused_mlp(
@@ -44,9 +44,7 @@ def forms(unrolls: list[int], per_sms: list[int]) -> dict[str, Callable[..., tor
     out = {"fused default": fused(None)}
     out |= {f"fused p{p} u{u}": fused(u, p) for p in per_sms for u in unrolls}
     out["split"] = lambda x, gu, dn: triton_mlp.fused_mlp(x, gu.fp8, gu.scale, dn.fp8, dn.scale, split=True)
-    out["three"] = lambda x, gu, dn: fp8_linear(
-        triton_glue.silu_mul(fp8_linear(x, gu.fp8, gu.scale)), dn.fp8, dn.scale
-    )
+    out["three"] = lambda x, gu, dn: mlp.three_launches(x, gu.fp8, gu.scale, dn.fp8, dn.scale)
     out["bf16"] = lambda x, gu, dn: F.linear(triton_glue.silu_mul(F.linear(x, gu.bf16)), dn.bf16)
     return out
 

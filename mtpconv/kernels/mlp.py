@@ -11,12 +11,12 @@ those three: :func:`mtpconv.kernels.fp8_linear`, SiLU * up, :func:`fp8_linear`.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 import torch.nn.functional as F
 
+from mtpconv.kernels import pdl
 from mtpconv.kernels.linear import fp8_linear, triton_available
 
 ENV = "MTPCONV_FUSED_MLP"
@@ -56,17 +56,12 @@ def fits(
     )
 
 
-@functools.lru_cache(maxsize=16)
-def _hopper(index: int) -> bool:
-    return torch.version.hip is None and torch.cuda.get_device_capability(index) >= (9, 0)
-
-
 def fused_here(x: torch.Tensor) -> bool:
     """Whether ``x``'s device takes the one-launch kernel: a Hopper (or newer) NVIDIA GPU,
     where it was measured, with Triton, unless ``MTPCONV_FUSED_MLP=0``."""
     if os.environ.get(ENV, "").strip() == "0":
         return False
-    return x.device.type == "cuda" and triton_available() and _hopper(x.device.index or 0)
+    return x.device.type == "cuda" and triton_available() and pdl.hopper(x.device.index or 0)
 
 
 def fp8_mlp(
@@ -88,6 +83,18 @@ def fp8_mlp(
         from mtpconv.kernels import triton_mlp
 
         return triton_mlp.fused_mlp(x, gate_up, gate_up_scale, down, down_scale)
+    return three_launches(x, gate_up, gate_up_scale, down, down_scale)
+
+
+def three_launches(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    gate_up_scale: torch.Tensor,
+    down: torch.Tensor,
+    down_scale: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`fp8_mlp` as :func:`fp8_linear`, SiLU * up (one Triton launch on CUDA, torch
+    ops elsewhere), :func:`fp8_linear`."""
     y = fp8_linear(x, gate_up, gate_up_scale)
     if y.is_cuda and triton_available() and y.numel():
         from mtpconv.kernels import triton_glue

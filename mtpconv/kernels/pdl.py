@@ -64,7 +64,7 @@ def default_on() -> bool:
 
 
 @functools.lru_cache(maxsize=16)
-def _hopper(index: int) -> bool:
+def hopper(index: int) -> bool:
     """NVIDIA sm_90 or newer (``griddepcontrol``); never a ROCm device."""
     return torch.version.hip is None and torch.cuda.get_device_capability(index) >= (9, 0)
 
@@ -80,7 +80,7 @@ def setting(device: torch.device) -> Pdl:
             raise ValueError(f"{ENV}={value!r} is not one of {names}: set one of those or unset it")
     else:
         mode = DEFAULT if default_on() else Pdl.OFF
-    if mode is Pdl.OFF or device.type != "cuda" or not _hopper(device.index or 0):
+    if mode is Pdl.OFF or device.type != "cuda" or not hopper(device.index or 0):
         return Pdl.OFF
     return mode
 

@@ -16,7 +16,7 @@ CUDA = torch.device("cuda", 0)  # a device object only: nothing is launched
 
 def test_default_late_where_measured_and_off_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(pdl.ENV, raising=False)
-    monkeypatch.setattr(pdl, "_hopper", lambda index: True)
+    monkeypatch.setattr(pdl, "hopper", lambda index: True)
     monkeypatch.setattr(pdl, "default_on", lambda: True)
     assert pdl.setting(CUDA) is Pdl.LATE
     monkeypatch.setattr(pdl, "default_on", lambda: False)
@@ -50,7 +50,7 @@ def test_versions_read() -> None:
 
 
 def test_modes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pdl, "_hopper", lambda index: True)
+    monkeypatch.setattr(pdl, "hopper", lambda index: True)
     for value, want in (
         ("0", Pdl.OFF),
         ("off", Pdl.OFF),
@@ -66,7 +66,7 @@ def test_modes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_no_pdl_before_hopper(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pdl, "_hopper", lambda index: False)
+    monkeypatch.setattr(pdl, "hopper", lambda index: False)
     monkeypatch.setenv(pdl.ENV, "late")
     assert pdl.setting(CUDA) is Pdl.OFF
 
@@ -74,7 +74,7 @@ def test_no_pdl_before_hopper(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_launch_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     """Weight kernels take the mode as it is; producers let dependents in at once (mode 1)
     whenever PDL is on, and stay off when it is off."""
-    monkeypatch.setattr(pdl, "_hopper", lambda index: True)
+    monkeypatch.setattr(pdl, "hopper", lambda index: True)
     monkeypatch.setenv(pdl.ENV, "late")
     assert pdl.launch(CUDA) == {"PDL": 2, "launch_pdl": True}
     assert pdl.producer_launch(CUDA) == {"PDL": 1, "launch_pdl": True}
