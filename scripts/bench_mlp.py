@@ -33,16 +33,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_draft as bd  # noqa: E402
 
 
-def forms(unrolls: list[int], per_sms: list[int]) -> dict[str, Callable[..., torch.Tensor]]:
+def forms(
+    unrolls: list[int], per_sms: list[int], warps: tuple[int, ...] = (4,), down_tiles: tuple[int, ...] = (16,)
+) -> dict[str, Callable[..., torch.Tensor]]:
     from mtpconv.kernels import mlp, triton_glue, triton_mlp
 
-    def fused(unroll: int | None, per_sm: int | None = None) -> Callable[..., torch.Tensor]:
+    def fused(
+        unroll: int | None, per_sm: int | None = None, w: int = 4, d: int = 16
+    ) -> Callable[..., torch.Tensor]:
         return lambda x, gu, dn: triton_mlp.fused_mlp(
-            x, gu.fp8, gu.scale, dn.fp8, dn.scale, unroll=unroll, per_sm=per_sm
-        )
+            x, gu.fp8, gu.scale, dn.fp8, dn.scale, unroll=unroll, per_sm=per_sm, warps=w,
+            down_tile_bytes=d * 1024,
+        )  # fmt: skip
 
     out = {"fused default": fused(None)}
-    out |= {f"fused p{p} u{u}": fused(u, p) for p in per_sms for u in unrolls}
+    out |= {
+        f"fused p{p} u{u}" + (f" w{w}" if w != 4 else "") + (f" d{d}" if d != 16 else ""): fused(u, p, w, d)
+        for p in per_sms
+        for u in unrolls
+        for w in warps
+        for d in down_tiles
+    }
     out["split"] = lambda x, gu, dn: triton_mlp.fused_mlp(x, gu.fp8, gu.scale, dn.fp8, dn.scale, split=True)
     out["three"] = lambda x, gu, dn: mlp.three_launches(x, gu.fp8, gu.scale, dn.fp8, dn.scale)
     out["bf16"] = lambda x, gu, dn: F.linear(triton_glue.silu_mul(F.linear(x, gu.bf16)), dn.bf16)
@@ -55,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="1,2,4")
     ap.add_argument("--unrolls", default="1,2,4")
     ap.add_argument("--per-sm", default="2,4", help="programs a SM of the fused forms")
+    ap.add_argument("--warps", default="4", help="warps a program of the fused forms (4, 8)")
+    ap.add_argument("--down-tiles", default="16", help="KiB of down rows a program of the fused forms holds")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_mlp needs a CUDA device", file=sys.stderr)
@@ -73,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         for t in [int(v) for v in args.tokens.split(",")]:
             x = torch.randn(t, h, device=dev, generator=gen).to(torch.bfloat16)
             per_sms = [int(p) for p in args.per_sm.split(",")]
-            for name, fn in forms([int(u) for u in args.unrolls.split(",")], per_sms).items():
+            warps = tuple(int(w) for w in args.warps.split(","))
+            tiles = tuple(int(d) for d in args.down_tiles.split(","))
+            for name, fn in forms([int(u) for u in args.unrolls.split(",")], per_sms, warps, tiles).items():
 
                 def run(fn: Callable[..., torch.Tensor] = fn, x: torch.Tensor = x, ws: list = ws) -> None:
                     for gu, dn in ws:

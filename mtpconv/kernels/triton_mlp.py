@@ -200,12 +200,12 @@ def _scale(s: torch.Tensor) -> torch.Tensor:
     return s if s.is_contiguous() else s.contiguous()
 
 
-def default_unroll(h: int) -> int:
+def default_unroll(h: int, block_k: int = BLOCK_K) -> int:
     """Gate / up K steps unrolled together: all of H up to 4 steps. Measured on the H200
     (``scripts/bench_mlp.py``, twelfth session): at 4 tokens on 397B's shared expert 4 steps
     took 11.6 us against 12.3 with 2 (two calls); at one token 4 and 2 were within 0.2 us;
     1 step was the slowest at 1-4 tokens."""
-    return int(max(1, min(triton.cdiv(h, BLOCK_K), 4)))
+    return int(max(1, min(triton.cdiv(h, block_k), 4)))
 
 
 def default_per_sm(m: int, h: int) -> int:
@@ -226,12 +226,15 @@ def fused_mlp(
     split: bool = False,
     unroll: int | None = None,
     per_sm: int | None = None,
+    warps: int = WARPS,
+    down_tile_bytes: int = DOWN_TILE_BYTES,
 ) -> torch.Tensor:
     """``(SiLU(x @ gate.T) * (x @ up.T)) @ down.T`` for ``x [..., H]`` of 1-4 rows (BF16 or
     FP16; the output takes its dtype). ``split``: two launches, no barrier. ``unroll``: gate /
     up K steps whose loads are issued together (default :func:`default_unroll`). ``per_sm``:
-    programs a SM (1, 2 or 4), each held to 64K / (``per_sm`` x 128) registers (default
-    :func:`default_per_sm`)."""
+    programs a SM (1, 2 or 4), each held to 64K / (``per_sm`` x 32 x ``warps``) registers (default
+    :func:`default_per_sm`). ``warps`` (4 or 8) a program; ``down_tile_bytes``: the ``down``
+    rows a program holds across the barrier."""
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -248,12 +251,15 @@ def fused_mlp(
     per_sm = per_sm or default_per_sm(m, h)
     if per_sm not in (1, 2, 4):
         raise ValueError(f"fused_mlp: per_sm is 1, 2 or 4, got {per_sm}")
+    if warps not in (4, 8):
+        raise ValueError(f"fused_mlp: warps is 4 or 8, got {warps}")
+    block_k = 256 * warps
     programs = per_sm * (sm_count(x.device.index or 0) if x.device.type == "cuda" else 8)
     block_i = triton.next_power_of_2(triton.cdiv(i, programs))
     i_pad = triton.next_power_of_2(i)
-    block_h = min(triton.next_power_of_2(triton.cdiv(h, programs)), max(1, DOWN_TILE_BYTES // i_pad))
+    block_h = min(triton.next_power_of_2(triton.cdiv(h, programs)), max(1, down_tile_bytes // i_pad))
     programs = min(programs, max(triton.cdiv(i, block_i), triton.cdiv(h, block_h)))
-    unroll = unroll or default_unroll(h)
+    unroll = unroll or default_unroll(h, block_k)
     act = _act_workspace(x.device, MAX_TOKENS * i)
     cnt = agreement_state(x.device, "mlp", programs, 1)[1]
     common = {
@@ -261,15 +267,15 @@ def fused_mlp(
         "DN_ROW": ds.numel() > 1,
         "BLOCK_M": 1 if m == 1 else (2 if m == 2 else 4),
         "BLOCK_I": block_i,
-        "BLOCK_K": BLOCK_K,
+        "BLOCK_K": block_k,
         "BLOCK_H": block_h,
         "I_PAD": i_pad,
         "PROGRAMS": programs,
         "UNROLL": unroll,
-        "EVEN_H": h % (unroll * BLOCK_K) == 0,
-        "num_warps": WARPS,
+        "EVEN_H": h % (unroll * block_k) == 0,
+        "num_warps": warps,
         # at most 255 registers a thread: a cap only from 4 programs a SM
-        "maxnreg": min(255, REGISTERS_PER_SM // (per_sm * WARPS * 32)) // 8 * 8,
+        "maxnreg": min(255, REGISTERS_PER_SM // (per_sm * warps * 32)) // 8 * 8,
         **pdl.launch(x.device),
     }
     args = (x2, gate_up, gs, down, ds, act, cnt, out, m, h, i, x2.stride(0), out.stride(0))

@@ -71,6 +71,20 @@ def test_one_launch_defaults_follow_the_measurements() -> None:
     assert triton_mlp.default_unroll(7168) == 4 and triton_mlp.default_unroll(64) == 1
     assert triton_mlp.default_per_sm(1, 4096) == 4  # 397B's shared expert at one token
     assert triton_mlp.default_per_sm(4, 4096) == 2 and triton_mlp.default_per_sm(1, 2048) == 2
+    assert triton_mlp.default_unroll(4096, block_k=2048) == 2  # 8 warps: 2048-wide K steps
+
+
+def test_one_launch_refuses_unsupported_warps_and_programs() -> None:
+    pytest.importorskip("triton")
+    from mtpconv.kernels import triton_mlp
+
+    gu, gs = _fp8(64, 32, 10)
+    dn, ds = _fp8(32, 32, 11)
+    x = torch.randn(2, 32).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="warps is 4 or 8, got 3"):
+        triton_mlp.fused_mlp(x, gu, gs, dn, ds, warps=3)
+    with pytest.raises(ValueError, match="per_sm is 1, 2 or 4, got 3"):
+        triton_mlp.fused_mlp(x, gu, gs, dn, ds, per_sm=3)
 
 
 def test_fp8_mlp_names_mismatched_shapes() -> None:
