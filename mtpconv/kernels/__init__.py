@@ -2,9 +2,9 @@
 
 Importing this package never imports Triton or vLLM; Triton kernels load on
 first use with a CUDA tensor. Entry points: :func:`fp8_linear`; :func:`fp8_mlp`, a
-SiLU-gated MLP of two FP8 linears (one launch where it can); and :func:`fp8_linear` as
-the opaque custom op :func:`fp8_linear_op` (``torch.ops.mtpconv.fp8_linear``)
-for code that ``torch.compile`` traces.
+SiLU-gated MLP of two FP8 linears (one launch where it can); and both as the opaque
+custom ops :func:`fp8_linear_op` (``torch.ops.mtpconv.fp8_linear``) and
+:func:`fp8_mlp_op` (``torch.ops.mtpconv.fp8_mlp``) for code that ``torch.compile`` traces.
 """
 
 from mtpconv.kernels.linear import (
@@ -21,7 +21,7 @@ from mtpconv.kernels.linear import (
     triton_available,
 )
 from mtpconv.kernels.mlp import fp8_mlp
-from mtpconv.kernels.op import fp8_linear_op
+from mtpconv.kernels.op import fp8_linear_op, fp8_mlp_op
 
 __all__ = [
     "FUSED_PER_ROW_MAX_TOKENS",
@@ -33,6 +33,7 @@ __all__ = [
     "fp8_linear",
     "fp8_linear_op",
     "fp8_mlp",
+    "fp8_mlp_op",
     "run_path",
     "select_path",
     "takes_prepared",

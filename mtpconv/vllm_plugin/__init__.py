@@ -10,11 +10,11 @@ Nothing here imports vLLM at module import time: ``pip install mtpconv`` without
 vLLM must keep working, and vLLM imports this module in processes that may never
 build a model.
 
-:func:`register` also defines the custom op ``torch.ops.mtpconv.fp8_linear``
-(``mtpconv.kernels.op``; device-generic, so on CPU too). vLLM's AOT compile cache
-restores compiled graphs at a model's first forward without running any of our
-Python first, so a restored graph that names the op needs it defined by then;
-plugin loading is the earliest point we get, in every vLLM process.
+:func:`register` also defines the custom ops ``torch.ops.mtpconv.fp8_linear`` and
+``torch.ops.mtpconv.fp8_mlp`` (``mtpconv.kernels.op``; device-generic, so on CPU too).
+vLLM's AOT compile cache restores compiled graphs at a model's first forward without
+running any of our Python first, so a restored graph that names an op needs it defined
+by then; plugin loading is the earliest point we get, in every vLLM process.
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ def _allowed_by_env() -> bool:
 def register() -> None:
     """Register our drafter classes with vLLM's model registry (idempotent).
 
-    Defines ``torch.ops.mtpconv.fp8_linear`` first. A no-op when ``VLLM_PLUGINS``
-    leaves us out; without vLLM only the op is defined.
+    Defines ``torch.ops.mtpconv.fp8_linear`` and ``torch.ops.mtpconv.fp8_mlp`` first. A
+    no-op when ``VLLM_PLUGINS`` leaves us out; without vLLM only the ops are defined.
     """
     global _registered
     if _registered or not _allowed_by_env():
         return
-    # Importing the module runs its torch.library definition (once per process).
+    # Importing the module runs its torch.library definitions (once per process).
     import mtpconv.kernels.op  # noqa: F401
 
     try:

@@ -28,6 +28,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.utils import maybe_prefix, sequence_parallel_chunk
 
 from mtpconv.errors import ManifestError
+from mtpconv.vllm_plugin import shared_expert
 from mtpconv.vllm_plugin.quant import DrafterQuantConfig, DraftHeadQuantConfig
 from mtpconv.vllm_plugin.settings import DrafterSettings, drafter_settings
 
@@ -208,6 +209,19 @@ class MtpconvDrafterMixin:
         if settings is not None and settings.head is not None and settings.head.file is not None:
             loaded |= self._load_draft_head(settings.head.file)
         return loaded
+
+    def process_weights_after_loading(self) -> None:
+        """vLLM's model-level hook, run after every layer's quant method has prepared its
+        weights: switch the drafter's FP8 gated MLPs (the MoE shared expert) to one
+        ``torch.ops.mtpconv.fp8_mlp`` call each (:mod:`mtpconv.vllm_plugin.shared_expert`)."""
+        parent = getattr(super(), "process_weights_after_loading", None)
+        if parent is not None:
+            parent()
+        if self.mtpconv is None:
+            return
+        switched, gated = shared_expert.fuse_gated_mlps(cast(torch.nn.Module, self.model))
+        if gated:
+            logger.info("mtpconv: %s", shared_expert.summary(switched, gated))
 
     def _load_draft_head(self, path: Path) -> set[str]:
         """Load ``mtp.draft_lm_head.*`` from the head's file into ``model.draft_lm_head``."""

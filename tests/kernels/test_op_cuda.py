@@ -46,3 +46,36 @@ def test_compiled_fullgraph_dynamic_and_graph_replay(layout: str) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_mlp_op_compiled_fullgraph_dynamic_and_graph_replay(per_row: bool) -> None:
+    """``torch.ops.mtpconv.fp8_mlp`` (the plugin's shared-expert call) under inductor with a
+    dynamic token count: bit-equal to ``fp8_mlp`` at one launch (1-4 tokens) and at three
+    (more), and inside a captured CUDA graph."""
+    from mtpconv.kernels import fp8_mlp, fp8_mlp_op
+
+    g = torch.Generator().manual_seed(1)
+    h, i = 4096, 1024  # Qwen3.5-397B's shared expert
+    gu = quantize_fp8(torch.randn(2 * i, h, generator=g) / h**0.5)
+    dn = quantize_fp8(torch.randn(h, i, generator=g) / i**0.5)
+    gs, ds = gu.scale, dn.scale
+    if per_row:
+        gs = gs * (torch.rand(2 * i, generator=g) + 0.5)
+        ds = ds * (torch.rand(h, generator=g) + 0.5)
+    w = tuple(t.cuda() for t in (gu.weight, gs, dn.weight, ds))
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: fp8_mlp_op(x, *w) + x, fullgraph=True, dynamic=True)
+    for tokens in (1, 3, 4, 16):
+        x = torch.randn(tokens, h, device="cuda").to(torch.bfloat16)
+        assert torch.equal(f(x), fp8_mlp(x, *w) + x), tokens
+    x = torch.randn(2, h, device="cuda").to(torch.bfloat16)
+    expected = fp8_mlp(x, *w) + x
+    f(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = f(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+    torch._dynamo.reset()
