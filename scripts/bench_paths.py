@@ -60,11 +60,20 @@ def time_quant(fn: QuantFn, x: torch.Tensor, reps: int = 20) -> float:
     return bd.time_graph(lambda: [fn(x) for _ in range(reps)], reps=1) / reps
 
 
-def prepared_configs(sms: int, wide: bool = False) -> list[Any]:
+def prepared_configs(sms: int, wide: bool = False, deep: bool = False) -> list[Any]:
     """The skinny GEMM's swept configurations on prepared FP8 activations (``wide``: 2-6
-    resident programs an SM, where the first sweep tried 2 and 4)."""
+    resident programs an SM, where the first sweep tried 2 and 4; ``deep``: pipelines of 5, 6
+    and 8 stages with 1-2 programs an SM, where the others try 3 and 4 stages)."""
     from mtpconv.kernels.triton_skinny import MMA_PREPARED, Config
 
+    if deep:
+        return [
+            Config(True, bn, bk, warps, stages, progs * sms, MMA_PREPARED, tma)
+            for bn, bk, warps in ((64, 128, 4), (64, 256, 4), (128, 128, 4))
+            for stages in (5, 6, 8)
+            for progs in (1, 2)
+            for tma in (False, True)
+        ]
     if wide:
         tiles = [(bn, bk, w, p) for bn, bk, w in ((64, 128, 4), (64, 256, 4), (128, 128, 4), (128, 256, 8))
                  for p in (2, 3, 4, 5, 6)]  # fmt: skip
@@ -78,13 +87,13 @@ def prepared_configs(sms: int, wide: bool = False) -> list[Any]:
     ]
 
 
-def prepared(tokens: list[int], models: list[str], wide: bool) -> None:
+def prepared(tokens: list[int], models: list[str], wide: bool, deep: bool = False) -> None:
     """``--prepared``: see the module's docstring. One line per (linear, tokens)."""
     from mtpconv.kernels import triton_skinny
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    cfgs = prepared_configs(triton_skinny.sm_count(dev.index or 0), wide)
+    cfgs = prepared_configs(triton_skinny.sm_count(dev.index or 0), wide, deep)
     seen: set[tuple[int, int]] = set()
     for s in (bd.SHAPES[m] for m in models):
         for name, (n, k) in bd.dense_shapes(s).items():
@@ -143,10 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--prepared", action="store_true", help="activations quantized per token beforehand")
     ap.add_argument("--wide", action="store_true", help="--prepared: sweep 2-6 programs an SM")
+    ap.add_argument("--deep", action="store_true", help="--prepared: sweep pipelines of 5-8 stages")
     ap.add_argument("--models", default=",".join(bd.SHAPES), help="--prepared: these models' linears")
     args = ap.parse_args(argv)
     if args.prepared:
-        prepared([int(v) for v in args.tokens.split(",")], args.models.split(","), args.wide)
+        prepared([int(v) for v in args.tokens.split(",")], args.models.split(","), args.wide, args.deep)
         return 0
     paths = [p for p in PATHS if not (args.per_row and p == "scaled_mm_static")]
     dev = torch.device("cuda")

@@ -60,9 +60,16 @@ def configs(
     ]
 
 
-def split_configs() -> list[tuple[int, int, int, int, int]]:
+def split_configs(deep: bool = False) -> list[tuple[int, int, int, int, int]]:
     """The tiles swept with ``--split``: the MMA (``DOT``) on inputs prepared by a launch of
-    their own, FP8 or BF16, up to 32 KB of weights a stage."""
+    their own, FP8 or BF16, up to 32 KB of weights a stage (``deep``: pipelines of 5, 6 and 8
+    stages instead of 3 and 4)."""
+    if deep:
+        return [
+            (bn, bk, warps, stages, triton_moe.DOT)
+            for bn, bk, warps in ((64, 128, 4), (64, 256, 4), (128, 128, 4), (128, 128, 8))
+            for stages in (5, 6, 8)
+        ]
     return [
         (bn, bk, warps, stages, triton_moe.DOT)
         for bn in (64, 128, 256)
@@ -91,6 +98,7 @@ def main() -> None:
         "token; else the down projection's SiLU * up), over the MMA tile space (one token: its "
         "CUDA-core modes), beside the fused default",
     )
+    ap.add_argument("--deep", action="store_true", help="with --split: pipelines of 5-8 stages")
     args = ap.parse_args()
     unknown = [m for m in args.modes.split(",") if m and m not in MODES]
     unknown += [p for p in args.precisions.split(",") if p not in ("fp8", "bf16")]
@@ -126,7 +134,7 @@ def main() -> None:
                             default = triton_moe.default_config(t, n, k, fp8)
                         else:
                             default = triton_moe.default_config(t, n, k, fp8, fp8_x=fp8)
-                            cfgs = split_configs()
+                            cfgs = split_configs(args.deep)
                         cfgs = [default] + [c for c in cfgs if c != default]
                         res = bd.time_grouped(x, ex, fp8, act, id_sets, cfgs, label + " split", split=True)
                     else:
