@@ -60,12 +60,22 @@ def time_quant(fn: QuantFn, x: torch.Tensor, reps: int = 20) -> float:
     return bd.time_graph(lambda: [fn(x) for _ in range(reps)], reps=1) / reps
 
 
-def prepared_configs(sms: int, wide: bool = False, deep: bool = False) -> list[Any]:
+def prepared_configs(sms: int, wide: bool = False, deep: bool = False, splits: bool = False) -> list[Any]:
     """The skinny GEMM's swept configurations on prepared FP8 activations (``wide``: 2-6
     resident programs an SM, where the first sweep tried 2 and 4; ``deep``: pipelines of 5, 6
-    and 8 stages with 1-2 programs an SM, where the others try 3 and 4 stages)."""
+    and 8 stages with 1-2 programs an SM, where the others try 3 and 4 stages; ``splits``: K
+    cut into 1, 2 or 4 pieces whatever the waves, where the others let ``split_for`` choose)."""
     from mtpconv.kernels.triton_skinny import MMA_PREPARED, Config
 
+    if splits:
+        return [
+            Config(True, bn, bk, 4, stages, sms, MMA_PREPARED, tma, split=pieces)
+            for bn, bk in ((32, 256), (64, 128), (64, 256), (128, 128), (128, 256))
+            for stages in (3, 4, 5, 6)
+            for tma in (False, True)
+            for pieces in (1, 2, 4)
+            if stages * (bn + 16) * bk <= 200 * 1024
+        ]
     if deep:
         return [
             Config(True, bn, bk, warps, stages, progs * sms, MMA_PREPARED, tma)
@@ -87,29 +97,33 @@ def prepared_configs(sms: int, wide: bool = False, deep: bool = False) -> list[A
     ]
 
 
-def prepared(tokens: list[int], models: list[str], wide: bool, deep: bool = False) -> None:
+def prepared(
+    tokens: list[int], models: list[str], wide: bool, deep: bool = False, splits: bool = False, only: str = ""
+) -> None:
     """``--prepared``: see the module's docstring. One line per (linear, tokens)."""
     from mtpconv.kernels import triton_skinny
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    cfgs = prepared_configs(triton_skinny.sm_count(dev.index or 0), wide, deep)
+    cfgs = prepared_configs(triton_skinny.sm_count(dev.index or 0), wide, deep, splits)
     seen: set[tuple[int, int]] = set()
     for s in (bd.SHAPES[m] for m in models):
         for name, (n, k) in bd.dense_shapes(s).items():
-            if (n, k) not in seen:
+            if (n, k) not in seen and (not only or name in only.split(",")):
                 seen.add((n, k))
                 copies = max(2, math.ceil(bd.L2_SAFE_BYTES / (n * k)))
                 ws = [bd.Linear.make(n, k, dev, gen) for _ in range(copies)]
                 for t in tokens:
                     x = torch.randn(t, k, device=dev, generator=gen).to(torch.bfloat16)
-                    print(f"{s.name} {name} {n}x{k} T={t}: " + prepared_line(x, ws, cfgs), flush=True)
+                    line = prepared_line(x, ws, cfgs, show=8 if splits else 1)
+                    print(f"{s.name} {name} {n}x{k} T={t}: " + line, flush=True)
                 del ws
                 torch.cuda.empty_cache()
 
 
-def prepared_line(x: torch.Tensor, ws: list[bd.Linear], cfgs: list[Any]) -> str:
-    """One linear on ``x`` over the weight copies ``ws``, each way of ``--prepared``."""
+def prepared_line(x: torch.Tensor, ws: list[bd.Linear], cfgs: list[Any], show: int = 1) -> str:
+    """One linear on ``x`` over the weight copies ``ws``, each way of ``--prepared`` (the
+    ``show`` fastest configurations)."""
     from mtpconv.kernels import fp8_linear, reference, triton_skinny
 
     n, k = ws[0].fp8.shape
@@ -128,6 +142,12 @@ def prepared_line(x: torch.Tensor, ws: list[bd.Linear], cfgs: list[Any]) -> str:
         for w in ws:
             reference.scaled_mm(q, w.fp8, sx, ones, None, x.dtype)
 
+    qt, st = triton_quant_tensor.quant_per_tensor(x)
+
+    def tensorwise() -> None:  # the step's qkv and gate_up (linear.SCALED_MM_SHAPES)
+        for w in ws:
+            fp8_linear(qt, w.fp8, w.scale, x_scale=st, out_dtype=x.dtype)
+
     label = f"{n}x{k} T={x.shape[0]}"
     swept = sorted(bd.time_configs(cfgs, skinny, len(ws), label), key=lambda r: r[0])
     best_us, best_cfg = swept[0] if swept else (math.nan, None)
@@ -136,11 +156,13 @@ def prepared_line(x: torch.Tensor, ws: list[bd.Linear], cfgs: list[Any]) -> str:
         "prepared_default": bd.time_graph(functools.partial(skinny, None), reps=1) / len(ws),
         "prepared_best": best_us,
         "scaled_mm_rowwise": bd.time_graph(rowwise, reps=1) / len(ws),
+        "scaled_mm_tensor": bd.time_graph(tensorwise, reps=1) / len(ws),
     }
     quant = time_quant(triton_quant.quant_per_token, x)
     return (
         " ".join(f"{p}={v:.1f}" for p, v in us.items())
         + f" quant_per_token={quant:.2f} | best {n * k / 1e6 / best_us:.2f} TB/s {best_cfg}"
+        + "".join(f"\n    {us:.1f} us {cfg}" for us, cfg in swept[1:show])
     )
 
 
@@ -153,10 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prepared", action="store_true", help="activations quantized per token beforehand")
     ap.add_argument("--wide", action="store_true", help="--prepared: sweep 2-6 programs an SM")
     ap.add_argument("--deep", action="store_true", help="--prepared: sweep pipelines of 5-8 stages")
+    ap.add_argument("--splits", action="store_true", help="--prepared: sweep K cut into 1, 2 or 4 pieces")
+    ap.add_argument("--linears", default="", help="--prepared: only these linears (e.g. qkv,gate_up)")
     ap.add_argument("--models", default=",".join(bd.SHAPES), help="--prepared: these models' linears")
     args = ap.parse_args(argv)
     if args.prepared:
-        prepared([int(v) for v in args.tokens.split(",")], args.models.split(","), args.wide, args.deep)
+        tokens = [int(v) for v in args.tokens.split(",")]
+        prepared(tokens, args.models.split(","), args.wide, args.deep, args.splits, args.linears)
         return 0
     paths = [p for p in PATHS if not (args.per_row and p == "scaled_mm_static")]
     dev = torch.device("cuda")

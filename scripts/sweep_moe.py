@@ -63,12 +63,16 @@ def configs(
 def split_configs(deep: bool = False) -> list[tuple[int, int, int, int, int]]:
     """The tiles swept with ``--split``: the MMA (``DOT``) on inputs prepared by a launch of
     their own, FP8 or BF16, up to 32 KB of weights a stage (``deep``: pipelines of 5, 6 and 8
-    stages instead of 3 and 4)."""
+    stages instead of 3 and 4, and 32 KB FP8 tiles in 3-5)."""
     if deep:
         return [
             (bn, bk, warps, stages, triton_moe.DOT)
             for bn, bk, warps in ((64, 128, 4), (64, 256, 4), (128, 128, 4), (128, 128, 8))
             for stages in (5, 6, 8)
+        ] + [
+            (bn, bk, warps, stages, triton_moe.DOT)
+            for bn, bk, warps in ((64, 512, 4), (128, 256, 4), (128, 256, 8))
+            for stages in (3, 4, 5)
         ]
     return [
         (bn, bk, warps, stages, triton_moe.DOT)

@@ -24,7 +24,7 @@ TUNED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, int, bool
     (1, 4096, 8192): (False, 8, 2048, 8, 3, 4, 0, False, True),  # Qwen3.5-397B fc, 3.06 TB/s
     (1, 5120, 6144): (False, 8, 1024, 4, 3, 4, 0, False, True),  # Qwen3.5-27B o, 3.11 TB/s
     (1, 5120, 10240): (False, 8, 2048, 8, 3, 4, 0, False, True),  # Qwen3.5-27B fc, 3.43 TB/s
-    (1, 5120, 17408): (False, 8, 512, 2, 3, 4, 0, False, True),  # Qwen3.5-27B down, 3.44 TB/s (8th)
+    (1, 5120, 17408): (False, 8, 1024, 4, 3, 4, 0, False, True),  # Qwen3.5-27B down, 3.60 TB/s (ONE_PIECE)
     (1, 9216, 2048): (False, 8, 1024, 4, 3, 16, 0, False, True),  # Qwen3-Next-80B qkv, 2.74 TB/s (8th)
     (1, 14336, 5120): (False, 8, 512, 2, 3, 8, 0, False, True),  # Qwen3.5-27B qkv, 3.60 TB/s (8th)
     (1, 17408, 4096): (False, 8, 1024, 4, 3, 16, 0, False, True),  # Qwen3.5-397B qkv, 3.53 TB/s (8th)
@@ -64,30 +64,50 @@ TUNED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, int, bool
     (16, 34816, 5120): (True, 64, 128, 4, 3, 4, 2, False, False),  # Qwen3.5-27B gate_up, 2.99 TB/s
 }
 
-# FP8 activations prepared before the launch (``skinny_linear(x_scale=...)``, ``mma`` 3): the
-# best of ``scripts/bench_paths.py --prepared --tokens 4,16`` (docs/BENCHMARKS.md, issue 12,
-# tenth session) on the shapes where it beat ``fp8_linear``'s own path on BF16 rows, the
-# activation's quantization left to its producer. us prepared / own path; ``(wide)``: the
-# best of ``--prepared --wide --models qwen3.5-27b`` (2-6 programs an SM), same session:
+# Entries of TUNED that run each tile's K range in one program (``Config.split`` 1) rather
+# than cut to fill the waves: the best of the fourteenth session's one-token sweep, which
+# tried one and two pieces beside the waves' cut (``bench_draft.py --sweep-only --narrow-only
+# --sweep-models qwen3.5-27b --sweep-tokens 1 --tokens 1``; docs/BENCHMARKS.md): 27B's down
+# 24.8 us against 28.0 with the entry before; on its other linears one piece was within 0.4 us.
+ONE_PIECE: frozenset[tuple[int, int, int]] = frozenset({(1, 5120, 17408)})
+
+# FP8 activations prepared before the launch (``skinny_linear(x_scale=...)``, ``mma`` 3), each
+# tile's K range in one program (``triton_skinny.prepared_config``): the best of
+# ``scripts/bench_paths.py --prepared --splits --tokens 4,16`` (docs/BENCHMARKS.md, issue 12,
+# fourteenth session: 64-128 x 128-256 tiles, 3-6 stages, TMA or not, K in 1, 2 or 4 pieces;
+# one piece won on every shape) where it beat ``fp8_linear``'s own path on BF16 rows, the
+# activation's quantization left to its producer. us prepared / own path (/ cuBLAS on per-tensor
+# FP8 rows, the path these shapes took before, where that was the step's):
 TUNED_PREPARED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, int, bool, bool]] = {
-    (4, 4096, 8192): (True, 64, 256, 4, 3, 2, 3, False, False),  # Qwen3.5-397B fc, o: 12.3 / 14.2
-    (4, 5120, 6144): (True, 64, 256, 4, 3, 2, 3, False, False),  # Qwen3.5-27B o: 12.0 / 13.5
-    (4, 5120, 10240): (True, 64, 256, 4, 4, 2, 3, False, False),  # Qwen3.5-27B fc: 17.5 / 19.4
-    (4, 5120, 17408): (True, 64, 256, 4, 3, 2, 3, False, False),  # Qwen3.5-27B down: 26.2 / 28.6
-    (4, 32768, 2048): (True, 128, 256, 8, 3, 2, 3, True, False),  # Qwen3-Next-80B head32k: 19.3 / 21.0
-    (4, 32768, 4096): (True, 128, 256, 8, 3, 2, 3, True, False),  # Qwen3.5-397B head32k: 34.7 / 38.1
-    (4, 32768, 5120): (True, 64, 128, 4, 4, 2, 3, False, False),  # Qwen3.5-27B head32k: 41.6 / 45.4 (wide)
-    (16, 1024, 2048): (True, 32, 256, 4, 4, 4, 3, False, False),  # Qwen3-Next-80B shared_gate_up: 5.3 / 5.9
-    (16, 2048, 512): (True, 64, 256, 4, 4, 2, 3, False, False),  # Qwen3-Next-80B shared_down: 4.5 / 4.9
-    (16, 2048, 4096): (True, 64, 256, 4, 4, 2, 3, False, False),  # 397B shared_gate_up, Next fc, o: 7.2 / 8.6
-    (16, 4096, 1024): (True, 32, 256, 4, 4, 4, 3, False, False),  # Qwen3.5-397B shared_down: 5.8 / 6.5
-    (16, 4096, 8192): (True, 64, 256, 4, 3, 2, 3, False, False),  # Qwen3.5-397B fc, o: 12.9 / 14.8
-    (16, 5120, 6144): (True, 64, 256, 4, 3, 2, 3, False, False),  # Qwen3.5-27B o: 12.2 / 14.1
-    (16, 5120, 10240): (True, 64, 256, 4, 3, 2, 3, False, False),  # Qwen3.5-27B fc: 18.0 / 20.5
-    (16, 5120, 17408): (True, 64, 256, 4, 3, 2, 3, True, False),  # Qwen3.5-27B down: 27.2 / 30.1
-    (16, 32768, 2048): (True, 128, 256, 8, 3, 2, 3, True, False),  # Qwen3-Next-80B head32k: 19.3 / 21.4
-    (16, 32768, 4096): (True, 128, 256, 8, 3, 2, 3, True, False),  # Qwen3.5-397B head32k: 35.3 / 38.7
-    (16, 32768, 5120): (True, 64, 128, 4, 3, 4, 3, False, False),  # Qwen3.5-27B head32k: 42.0 / 44.7 (wide)
+    (4, 2048, 512): (True, 64, 128, 4, 6, 1, 3, False, False),  # Qwen3-Next-80B shared_down: 2.1 / 3.3
+    (4, 2048, 4096): (True, 64, 256, 4, 6, 1, 3, True, False),  # 397B shared_gate_up, Next fc, o: 5.5 / 6.5
+    (4, 4096, 1024): (True, 64, 256, 4, 6, 1, 3, False, False),  # Qwen3.5-397B shared_down: 3.1 / 5.1
+    (4, 4096, 8192): (True, 64, 256, 4, 6, 1, 3, False, False),  # Qwen3.5-397B fc, o: 11.1 / 14.8
+    (4, 5120, 6144): (True, 64, 256, 4, 6, 1, 3, False, False),  # Qwen3.5-27B o: 9.8 / 13.2
+    (4, 5120, 10240): (True, 64, 256, 4, 6, 1, 3, False, False),  # Qwen3.5-27B fc: 15.5 / 18.7
+    (4, 5120, 17408): (True, 64, 256, 4, 6, 1, 3, False, False),  # Qwen3.5-27B down: 24.0 / 28.0
+    (4, 9216, 2048): (True, 128, 256, 4, 5, 1, 3, True, False),  # Qwen3-Next-80B qkv: 6.7 / 9.7 / 7.7
+    (4, 14336, 5120): (True, 128, 256, 4, 4, 1, 3, True, False),  # Qwen3.5-27B qkv: 19.7 / 23.3 / 20.6
+    (4, 17408, 4096): (True, 64, 256, 4, 3, 1, 3, True, False),  # Qwen3.5-397B qkv: 19.4 / 24.0 / 21.8
+    (4, 32768, 2048): (True, 128, 256, 4, 3, 1, 3, True, False),  # Qwen3-Next-80B head32k: 18.1 / 19.8
+    (4, 32768, 4096): (True, 128, 256, 4, 3, 1, 3, True, False),  # Qwen3.5-397B head32k: 33.9 / 37.0
+    (4, 32768, 5120): (True, 128, 256, 4, 3, 1, 3, True, False),  # Qwen3.5-27B head32k: 41.7 / 45.2
+    (4, 34816, 5120): (True, 64, 256, 4, 3, 1, 3, False, False),  # Qwen3.5-27B gate_up: 45.3 / 51.0 / 48.5
+    (16, 1024, 2048): (True, 64, 256, 4, 6, 1, 3, False, False),  # Qwen3-Next-80B shared_gate_up: 3.5 / 5.3
+    (16, 2048, 512): (True, 64, 256, 4, 3, 1, 3, False, False),  # Qwen3-Next-80B shared_down: 2.3 / 4.3
+    (16, 2048, 4096): (True, 64, 256, 4, 6, 1, 3, True, False),  # 397B shared_gate_up, Next fc, o: 5.5 / 7.8
+    (16, 4096, 1024): (True, 64, 256, 4, 6, 1, 3, False, False),  # Qwen3.5-397B shared_down: 3.3 / 5.7
+    (16, 4096, 8192): (True, 64, 256, 4, 6, 1, 3, True, False),  # Qwen3.5-397B fc, o: 11.1 / 15.2
+    (16, 5120, 6144): (True, 64, 256, 4, 6, 1, 3, False, False),  # Qwen3.5-27B o: 9.7 / 14.1
+    (16, 5120, 10240): (True, 64, 256, 4, 6, 1, 3, True, False),  # Qwen3.5-27B fc: 15.6 / 20.6
+    (16, 5120, 17408): (True, 64, 256, 4, 6, 1, 3, False, False),  # Qwen3.5-27B down: 24.4 / 29.2
+    (16, 9216, 2048): (True, 128, 256, 4, 5, 1, 3, True, False),  # Qwen3-Next-80B qkv: 6.8 / 10.8 / 7.7
+    (16, 14336, 5120): (True, 128, 256, 4, 4, 1, 3, True, False),  # Qwen3.5-27B qkv: 20.3 / 26.6 / 21.1
+    (16, 17408, 4096): (True, 64, 256, 4, 3, 1, 3, True, False),  # Qwen3.5-397B qkv: 19.6 / 25.2 / 21.4
+    (16, 32768, 2048): (True, 64, 128, 4, 4, 1, 3, False, False),  # Qwen3-Next-80B head32k: 18.5 / 20.3
+    (16, 32768, 4096): (True, 128, 256, 4, 3, 1, 3, True, False),  # Qwen3.5-397B head32k: 34.0 / 37.8
+    (16, 32768, 5120): (True, 128, 256, 4, 3, 1, 3, True, False),  # Qwen3.5-27B head32k: 42.0 / 45.5
+    (16, 34816, 5120): (True, 64, 256, 4, 3, 1, 3, False, False),  # Qwen3.5-27B gate_up: 46.1 / 53.2 / 49.2
 }
 
 

@@ -190,7 +190,10 @@ def default_config(
     experts with SiLU * up in the kernel 64-wide K tiles where K <= 1024 (the down
     projections: within 4% of the best, where 128-wide tiles lost up to 23%; seventh
     session), 128-wide ones above; FP8 experts quantizing in registers 128 x 128 tiles with
-    8 warps (within 1% of the best; seventh session)."""
+    8 warps (within 1% of the best; seventh session). FP8 activations over K >= 4096 (397B's
+    gate_up): 64 x 256 tiles in 5 stages, 79.6 us against 81.4 at 4 tokens and 266.8 against
+    269.1 at 16, the best of ``sweep_moe.py --tokens 4,16 --split --deep`` (5-8 stages;
+    fourteenth session), where the down projections (K = 1024) gained nothing."""
     if tokens == 1 and not fp8_x:
         if k < 512:
             return 16, 256, 4, 3, FMA
@@ -201,6 +204,8 @@ def default_config(
         return 8, 1024, 4, 3, FMA_NARROW
     if fp8 and not fp8_x:
         return 128, 128, 8, 3, DOT_FP8
+    if fp8_x and k >= 4096:
+        return 64, 256, 4, 5, DOT
     return 64, 64 if act and k <= 1024 else 128, 4, 3, DOT
 
 

@@ -42,7 +42,7 @@ import triton.language as tl
 from mtpconv.kernels import pdl as pdl_setting
 from mtpconv.kernels import triton_gemv
 from mtpconv.kernels.reference import BLOCK, is_block_scale
-from mtpconv.kernels.skinny_tuned import TUNED, TUNED_PREPARED, token_bucket
+from mtpconv.kernels.skinny_tuned import ONE_PIECE, TUNED, TUNED_PREPARED, token_bucket
 from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, pdl_leave, weight_tile
 
 SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK = 0, 1, 2
@@ -178,6 +178,8 @@ class Config(NamedTuple):
     # weight loads in the activation row's layout, no barrier in the K loop, an accumulator
     # of one float per 8 weights per thread
     narrow: bool = False
+    # K pieces a tile's K range is cut into; 0: the fewest that fill the waves (split_for)
+    split: int = 0
 
 
 @functools.lru_cache(maxsize=8)
@@ -208,7 +210,7 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
     bucket = token_bucket(m)
     tuned = TUNED.get((bucket, n, k)) if bucket is not None else None
     if tuned is not None:
-        return _tabled(tuned, sms)
+        return _tabled(tuned, sms)._replace(split=1 if (bucket, n, k) in ONE_PIECE else 0)
     if m == 1:
         if k >= 4096:
             programs = 4 * sms  # one wave
@@ -225,15 +227,21 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
 def prepared_config(m: int, n: int, k: int, sms: int) -> Config:
     """The launch for FP8 activations prepared before it (``x_scale``): the sweep's best
     (:data:`mtpconv.kernels.skinny_tuned.TUNED_PREPARED`), else the tile of
-    :func:`default_config` at 2+ tokens, else 64 x 128 tiles."""
+    :func:`default_config` at 2+ tokens, else 64 x 128 tiles; each tile's K range in one
+    program (``split`` 1). Cutting K to fill the waves lost on every shape of
+    ``scripts/bench_paths.py --prepared --splits --tokens 4,16`` (docs/BENCHMARKS.md, issue
+    12, fourteenth session: 17 drafter linears, N 1024-34816, K 512-17408, even those of 16
+    tiles on 132 SMs): the fastest configuration ran K in one piece on all 30 (shape, tokens)
+    pairs; the fastest in two or four pieces was 4-21% slower where it was among the eight
+    fastest at all, the float32 partials and the last piece's sum costing more than idle SMs."""
     bucket = token_bucket(m)
     tuned = TUNED_PREPARED.get((bucket, n, k)) if bucket is not None else None
     if tuned is not None:
-        return _tabled(tuned, sms)
+        return _tabled(tuned, sms)._replace(split=1)
     base = default_config(m, n, k, sms)
     if base.dot:
-        return base._replace(mma=MMA_PREPARED)
-    return Config(True, 64, 128, 4, 3, 4 * sms, MMA_PREPARED)
+        return base._replace(mma=MMA_PREPARED, split=1)
+    return Config(True, 64, 128, 4, 3, 4 * sms, MMA_PREPARED, split=1)
 
 
 def split_for(tiles: int, k: int, block_k: int, programs: int) -> tuple[int, int]:
@@ -347,9 +355,12 @@ def skinny_linear(
     block_m = triton_gemv.block_m(m) if gemv else (mma_m if dot else 1)
     m_tiles = triton.cdiv(m, block_m)
     n_tiles = triton.cdiv(n, cfg.block_n)
-    n_split, k_per = split_for(
-        n_tiles * m_tiles, k, max(block_k, BLOCK if kind == SCALE_BLOCK else 1), cfg.programs
-    )
+    step = max(block_k, BLOCK if kind == SCALE_BLOCK else 1)
+    if cfg.split > 0:
+        k_per = triton.cdiv(triton.cdiv(k, step), cfg.split) * step
+        n_split = triton.cdiv(k, k_per)
+    else:
+        n_split, k_per = split_for(n_tiles * m_tiles, k, step, cfg.programs)
     if n_split > 1:
         ws, cnt = _workspace(x.device, n_split * m * n, n_tiles * m_tiles)
     else:

@@ -195,7 +195,8 @@ def test_prepared_rows_only_where_measured_faster() -> None:
     assert takes_prepared(4, 5120, 10240) is Prepared.TOKEN  # 27B fc
     assert takes_prepared(16, 5120, 17408) is Prepared.TOKEN  # 27B down
     assert takes_prepared(2, 5120, 6144) is Prepared.TOKEN  # 2-4 tokens: the 4-token measurement
-    assert takes_prepared(4, 34816, 5120) is Prepared.TENSOR  # 27B gate_up: cuBLAS per tensor
+    # 27B gate_up: the unsplit skinny GEMM on per-token rows beat cuBLAS on per-tensor ones
+    assert takes_prepared(4, 34816, 5120) is Prepared.TOKEN
     assert takes_prepared(1, 5120, 10240) is None  # one token: the weight-only GEMV
     assert takes_prepared(1, 34816, 5120) is None
     assert takes_prepared(17, 5120, 10240) is None and takes_prepared(4, 777, 333) is None
@@ -375,3 +376,18 @@ def test_grouped_moe_one_token_rule() -> None:
     assert triton_moe.default_config(1, 4096, 1024, fp8=True, act=True) == (8, 512, 2, 3, narrow)
     assert triton_moe.default_config(1, 2048, 4096, fp8=False) == (8, 1024, 4, 3, narrow)  # BF16 gate_up
     assert triton_moe.default_config(1, 64, 256, fp8=True)[4] == triton_moe.FMA
+
+
+def test_grouped_moe_prepared_rows_rule() -> None:
+    """2+ tokens on FP8 rows quantized beforehand: 64 x 128 tiles in 3 stages, and 64 x 256 in
+    5 where K >= 4096 (397B's gate_up, the deep sweep's best at 4 and 16 tokens)."""
+    pytest.importorskip("triton")
+    from mtpconv.kernels import triton_moe
+
+    dot = triton_moe.DOT
+    for tokens in (2, 4, 16):
+        assert triton_moe.default_config(tokens, 2048, 4096, fp8=True, fp8_x=True) == (64, 256, 4, 5, dot)
+        assert triton_moe.default_config(tokens, 4096, 1024, fp8=True, fp8_x=True) == (64, 128, 4, 3, dot)
+        assert triton_moe.default_config(tokens, 1024, 2048, fp8=True, fp8_x=True) == (64, 128, 4, 3, dot)
+        # BF16 experts keep the tile the ninth session measured
+        assert triton_moe.default_config(tokens, 2048, 4096, fp8=False) == (64, 128, 4, 3, dot)

@@ -172,6 +172,25 @@ def test_skinny_split_k_matches_dequantized_reference(m: int, n: int, k: int, la
 
 
 @pytest.mark.parametrize(("m", "n", "k"), SKINNY)
+def test_skinny_fixed_k_pieces_match_the_waves_cut(m: int, n: int, k: int) -> None:
+    """``Config.split``: K in 1, 2, 3 or as many pieces as it has steps, whatever the waves;
+    the same sums as the waves' cut within float32 reassociation, replayable."""
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import triton_skinny as ts
+
+    x, w, s, b = _case(m, n, k, "row", bias=True)
+    ref = _ref(x, w, s, b)
+    base = ts.default_config(m, n, k, ts.sm_count(0))
+    for split in (1, 2, 3, 1 << 20):
+        cfg = base._replace(split=split)
+        y = ts.skinny_linear(x, w, s, b, config=cfg)
+        tol = 6e-2 if cfg.dot and cfg.mma == 2 else 1e-2
+        assert _rel(y, ref) < tol, (cfg, _rel(y, ref))
+        assert torch.equal(y, ts.skinny_linear(x, w, s, b, config=cfg)), cfg
+
+
+@pytest.mark.parametrize(("m", "n", "k"), SKINNY)
 @pytest.mark.parametrize("layout", ["tensor", "row", "block"])
 def test_skinny_prepared_fp8_activations_match_reference(m: int, n: int, k: int, layout: str) -> None:
     """FP8 activations quantized per token before the launch (``x_scale``), rows from 1e-3 to
@@ -193,8 +212,10 @@ def test_skinny_prepared_fp8_activations_match_reference(m: int, n: int, k: int,
     ref_t = _ref(tq.double() * ts_.double(), w, s, b)
     assert _rel(fp8_linear(tq, w, s, b, x_scale=ts_, out_dtype=torch.bfloat16), ref_t) < 1e-2
     rule = ts.Config(True, 64, 128, 4, 3, 4 * ts.sm_count(0), ts.MMA_PREPARED)
-    # the default (tuned tile or rule), no split, wide tiles, with and without TMA
-    for cfg in (None, rule._replace(programs=1), rule._replace(block_n=128, block_k=256), rule):
+    # the default (tuned tile or rule: K in one piece), no split, wide tiles, with and without
+    # TMA, K cut to fill the waves, K in three pieces
+    cfgs = (rule._replace(programs=1), rule._replace(block_n=128, block_k=256), rule, rule._replace(split=3))
+    for cfg in (None, *cfgs):
         for tma in (False, True) if cfg is not None else (False,):
             c = cfg._replace(tma=tma) if cfg is not None else None
             y = ts.skinny_linear(xq, w, s, b, config=c, x_scale=xs, out_dtype=torch.bfloat16)
@@ -425,7 +446,8 @@ def test_grouped_moe_fp8_activations_match_reference(tokens: int) -> None:
     aq, as_ = quant_per_token(xp, act=True)
     assert _rel(aq.double() * as_.double(), act.double()) < 6e-2
     ref_act = torch.einsum("pk,pnk->pn", act.double(), deq[flat]) * rw.reshape(-1, 1).double()
-    for cfg in [None, (64, 64, 4, 3, triton_moe.DOT), (256, 128, 8, 4, triton_moe.DOT)]:
+    tiles = [(64, 64, 4, 3), (256, 128, 8, 4), (64, 256, 4, 5)]  # the last: K >= 4096's default
+    for cfg in [None] + [(*t, triton_moe.DOT) for t in tiles]:
         out = triton_moe.moe_grouped(xq, w, sc, ids, x_per_pair=False, x_scale=xs, config=cfg)
         assert out.dtype == torch.bfloat16
         per_pair = (out.double() - ref).norm(dim=1) / ref.norm(dim=1)

@@ -46,7 +46,10 @@ def test_every_prepared_entry_is_an_fp8_mma_on_a_measured_shape() -> None:
         assert dot and mma == 3 and not narrow
         for v in (block_n, block_k, warps):
             assert v & (v - 1) == 0
-        assert block_n >= 32 and block_k >= 128 and 2 <= stages <= 4 and 1 <= waves <= 16
+        assert block_n >= 32 and block_k >= 128 and 2 <= stages <= 8 and 1 <= waves <= 16
+        # the resident programs' pipelines (FP8 weight and activation tiles, the activation
+        # padded to the MMA's 16 rows) fit the H200's 227 KiB of shared memory an SM
+        assert waves * stages * (block_n + 16) * block_k <= 227 * 1024
         if tma:
             assert block_k <= 256 and block_n <= 256 and k % 16 == 0
 
@@ -66,3 +69,19 @@ def test_rule_for_untabled_one_token_shapes() -> None:
     # the table still wins over the rule
     (t, n, k), entry = next((key, v) for key, v in TUNED.items() if key[0] == 1)
     assert ts.default_config(t, n, k, sms).block_n == entry[1]
+
+
+def test_prepared_launches_and_one_piece_entries_keep_k_whole() -> None:
+    """Prepared FP8 rows: every launch (tabled or by rule) runs each tile's K range in one
+    program; one-token entries do so only where ``ONE_PIECE`` names them."""
+    pytest.importorskip("triton")
+    from mtpconv.kernels import triton_skinny as ts
+    from mtpconv.kernels.skinny_tuned import ONE_PIECE
+
+    sms = 132
+    for tokens, n, k in TUNED_PREPARED:
+        assert ts.prepared_config(tokens, n, k, sms).split == 1
+    assert ts.prepared_config(4, 777, 333, sms).split == 1  # the rule
+    assert all(key in TUNED for key in ONE_PIECE)
+    for key in TUNED:
+        assert ts.default_config(key[0], key[1], key[2], sms).split == (1 if key in ONE_PIECE else 0)
