@@ -7,8 +7,12 @@ Paths (``Fp8Path``), all computing ``x @ (w_fp8 * w_scale).T + bias``:
     activations directly (no activation-quantization kernel), one launch,
     every weight-scale layout (per tensor, per channel, 128x128 blocks).
     The default for up to ``SKINNY_MAX_TOKENS`` tokens on sm_89+ GPUs (but for the
-    measured wide shapes of ``SCALED_MM_SHAPES`` at 2-16 tokens), and for block
-    scales at any token count.
+    measured shapes below at 2-16 tokens), and for block scales at any token count.
+``skinny_token``
+    The activations quantized per token in one Triton launch, then the skinny GEMM's FP8
+    MMA on them with each tile's K range whole (the launch a producer's FP8 rows get,
+    :func:`takes_prepared`). The default at 2-16 tokens on the shapes of
+    ``skinny_tuned.SELF_PREPARED``, where the two launches beat the one-launch paths.
 ``scaled_mm_fused``
     Dynamic per-tensor activation scale computed and applied in ONE Triton
     kernel (reading the activation once at decode sizes), then per-tensor
@@ -46,7 +50,7 @@ from types import ModuleType
 import torch
 
 from mtpconv.kernels import reference
-from mtpconv.kernels.skinny_tuned import TUNED_PREPARED, token_bucket
+from mtpconv.kernels.skinny_tuned import SELF_PREPARED, TUNED_PREPARED, token_bucket
 
 # Selection thresholds measured on the H200 (docs/BENCHMARKS.md, per-linear
 # tables at Qwen3.5-27B shapes). With per-row weight scales: the weight-only
@@ -76,6 +80,7 @@ class Fp8Path(str, Enum):
     """The FP8 linear implementations this package can run."""
 
     WO_SKINNY = "wo_skinny"
+    SKINNY_TOKEN = "skinny_token"
     SCALED_MM_FUSED = "scaled_mm_fused"
     WO_TRITON = "wo_triton"
     SCALED_MM_TOKEN = "scaled_mm_token"
@@ -124,7 +129,7 @@ def available_paths(
     if _fp8_mma(device):
         paths += [Fp8Path.SCALED_MM_TOKEN_TORCH, Fp8Path.SCALED_MM_TENSOR]
         if triton_available():
-            paths += [Fp8Path.SCALED_MM_FUSED, Fp8Path.SCALED_MM_TOKEN]
+            paths += [Fp8Path.SCALED_MM_FUSED, Fp8Path.SCALED_MM_TOKEN, Fp8Path.SKINNY_TOKEN]
         if static_scale:
             paths.append(Fp8Path.SCALED_MM_STATIC)
     return paths
@@ -162,6 +167,8 @@ def select_path(
         return Fp8Path.SCALED_MM_TOKEN_TORCH if per_row_scale else Fp8Path.SCALED_MM_TENSOR
     if tokens <= SKINNY_MAX_TOKENS and not static_scale:
         bucket = token_bucket(tokens)
+        if tokens >= 2 and shape is not None and (bucket, *shape) in SELF_PREPARED:
+            return Fp8Path.SKINNY_TOKEN
         if tokens >= 2 and shape is not None and (bucket, *shape) in SCALED_MM_SHAPES:
             return Fp8Path.SCALED_MM_FUSED
         return Fp8Path.WO_SKINNY
@@ -219,11 +226,15 @@ def run_path(
     """Run one named path (no selection). Shapes: ``x [..., K]``, ``w_fp8 [N, K]``."""
     if path is Fp8Path.DEQUANT:
         return reference.dequant_linear(x, w_fp8, w_scale, bias)
-    if path is Fp8Path.WO_SKINNY:
-        from mtpconv.kernels import triton_skinny
+    if path in (Fp8Path.WO_SKINNY, Fp8Path.SKINNY_TOKEN):
+        from mtpconv.kernels import triton_quant, triton_skinny
 
-        out: torch.Tensor = triton_skinny.skinny_linear(x, w_fp8, w_scale, bias)
-        return out
+        if path is Fp8Path.WO_SKINNY:
+            out: torch.Tensor = triton_skinny.skinny_linear(x, w_fp8, w_scale, bias)
+            return out
+        q, sa = triton_quant.quant_per_token(x.reshape(-1, x.shape[-1]))
+        out = triton_skinny.skinny_linear(q, w_fp8, w_scale, bias, x_scale=sa, out_dtype=x.dtype)
+        return out.reshape(*x.shape[:-1], w_fp8.shape[0])
     if reference.is_block_scale(w_scale, *w_fp8.shape):
         raise ValueError(f"{path.value} does not take 128x128 block scales")
     if path is Fp8Path.WO_TRITON:

@@ -110,6 +110,15 @@ TUNED_PREPARED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, 
     (16, 34816, 5120): (True, 64, 256, 4, 3, 1, 3, False, False),  # Qwen3.5-27B gate_up: 46.1 / 53.2 / 49.2
 }
 
+# Shapes on which fp8_linear, handed BF16 rows at 2-16 tokens, quantizes them per token
+# itself and makes the prepared launch (``Fp8Path.SKINNY_TOKEN``): those of TUNED_PREPARED but
+# where the quantization's launch cost more than the prepared launch saved. Measured as
+# quant_per_token plus the prepared best against fp8_linear's own path before, side by side
+# (``bench_paths.py --prepared --splits --tokens 4,16``, fourteenth session): 0.6-5.6 us
+# faster on the other shapes; 0.2 us slower on 397B's shared gate/up at 4 tokens (Qwen3-Next's
+# fc and o), 0.2 faster on Qwen3-Next's shared down.
+SELF_PREPARED: frozenset[tuple[int, int, int]] = frozenset(TUNED_PREPARED) - {(4, 2048, 4096), (4, 2048, 512)}
+
 
 def token_bucket(m: int) -> int | None:
     """The sweep's token count that stands for ``m`` rows (None beyond 16)."""

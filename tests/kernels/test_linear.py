@@ -106,31 +106,40 @@ def test_selection_rules_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
         assert got in available_paths(gpu)
 
 
-def test_measured_wide_shapes_take_cublas_at_two_to_sixteen_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_measured_shapes_take_their_measured_path_at_two_to_sixteen_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from mtpconv.kernels import linear
+    from mtpconv.kernels.skinny_tuned import SELF_PREPARED
 
     gpu = torch.device("cuda", 0)
     monkeypatch.delenv("MTPCONV_FP8_PATH", raising=False)
     monkeypatch.setattr(linear, "_capability", lambda index: (9, 0))
     monkeypatch.setattr(linear, "triton_available", lambda: True)
-    qkv, down = (14336, 5120), (5120, 17408)  # Qwen3.5-27B: listed, not listed
+    qkv, down = (14336, 5120), (5120, 17408)  # Qwen3.5-27B
+    shared_gate_up, other = (2048, 4096), (777, 333)  # Qwen3.5-397B's; not measured
     for tokens, shape, per_row, want in [
         (0, qkv, False, Fp8Path.WO_SKINNY),  # no rows: the skinny GEMM, as for any shape
         (1, qkv, False, Fp8Path.WO_SKINNY),  # one token: the GEMV everywhere
-        (2, qkv, False, Fp8Path.SCALED_MM_FUSED),
-        (4, qkv, False, Fp8Path.SCALED_MM_FUSED),
-        (16, qkv, False, Fp8Path.SCALED_MM_FUSED),
-        (4, qkv, True, Fp8Path.SCALED_MM_FUSED),  # per-row scales (fused shards) too
-        (4, down, False, Fp8Path.WO_SKINNY),
-        (16, down, False, Fp8Path.WO_SKINNY),
-        (16, down, True, Fp8Path.WO_SKINNY),
+        (2, qkv, False, Fp8Path.SKINNY_TOKEN),
+        (4, qkv, False, Fp8Path.SKINNY_TOKEN),
+        (16, qkv, False, Fp8Path.SKINNY_TOKEN),
+        (4, qkv, True, Fp8Path.SKINNY_TOKEN),  # per-row scales (fused shards) too
+        (4, down, False, Fp8Path.SKINNY_TOKEN),
+        (16, down, True, Fp8Path.SKINNY_TOKEN),
+        (4, shared_gate_up, False, Fp8Path.WO_SKINNY),  # the quantization's launch cost more
+        (16, shared_gate_up, False, Fp8Path.SKINNY_TOKEN),
+        (4, other, False, Fp8Path.WO_SKINNY),
         (17, down, False, Fp8Path.SCALED_MM_FUSED),
     ]:
         got = select_path(gpu, tokens, per_row_scale=per_row, shape=shape)
         assert got is want, (tokens, shape, per_row, got)
+        assert got in available_paths(gpu)
     assert select_path(gpu, 4, shape=qkv, block_scale=True) is Fp8Path.WO_SKINNY
-    for bucket, n, k in linear.SCALED_MM_SHAPES:  # every entry is reachable from its bucket
-        assert select_path(gpu, bucket, shape=(n, k)) is Fp8Path.SCALED_MM_FUSED
+    for bucket, n, k in SELF_PREPARED:  # every entry is reachable from its bucket
+        assert select_path(gpu, bucket, shape=(n, k)) is Fp8Path.SKINNY_TOKEN
+    # cuBLAS's measured shapes all run better on per-token rows now
+    assert linear.SCALED_MM_SHAPES <= SELF_PREPARED
 
 
 def test_block_scales_select_skinny_or_dequant(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -655,16 +655,20 @@ def test_row_scale_cast_matches_torch() -> None:
         torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=1e-6)
 
 
-def test_measured_wide_shape_runs_cublas_within_w8a8_tolerance() -> None:
+def test_measured_shape_quantizes_per_token_itself_within_w8a8_tolerance() -> None:
     if torch.cuda.get_device_capability() < (8, 9) or not triton_available():
         pytest.skip("needs sm_89+ and triton")
-    # Qwen3-Next-80B qkv is listed for 2-16 tokens: fp8_linear takes scaled_mm_fused
-    # there (bit-identical to calling that path) and stays within W8A8 error, with one
-    # weight scale and with a scale per row.
+    # Qwen3-Next-80B qkv is in SELF_PREPARED for 2-16 tokens: fp8_linear takes skinny_token
+    # there (bit-identical to calling that path, and to quant_per_token then the prepared
+    # launch) and stays within W8A8 error, with one weight scale and with a scale per row.
+    from mtpconv.kernels import triton_quant
+
     for m, per_row in ((2, False), (4, True), (9, False), (16, True)):
         x, w, s, b = _case(m, 9216, 2048, per_row=per_row, bias=m == 9)
         got = fp8_linear(x, w, s, b)
-        assert torch.equal(got, run_path(Fp8Path.SCALED_MM_FUSED, x, w, s, b)), m
+        assert torch.equal(got, run_path(Fp8Path.SKINNY_TOKEN, x, w, s, b)), m
+        q, sa = triton_quant.quant_per_token(x)
+        assert torch.equal(got, fp8_linear(q, w, s, b, x_scale=sa, out_dtype=x.dtype)), m
         ref = reference.dequant_linear(x.double(), w, s.double(), None if b is None else b.double())
         assert _rel(got, ref) < 6e-2, m
 
