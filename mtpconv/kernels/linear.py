@@ -19,7 +19,7 @@ Paths (``Fp8Path``), all computing ``x @ (w_fp8 * w_scale).T + bias``:
     ``torch._scaled_mm`` (a per-row weight scale is applied after a float32
     GEMM, in one kernel). The default beyond ``SKINNY_MAX_TOKENS`` tokens with
     a per-tensor weight scale, and at 2-16 tokens on the shapes of
-    ``SCALED_MM_SHAPES`` (docs/BENCHMARKS.md).
+    ``SCALED_MM_SHAPES`` outside ``SELF_PREPARED`` (docs/BENCHMARKS.md).
 ``wo_triton``
     Weight-only: FP8 weights converted in registers, activations stay
     BF16/FP16, one Triton kernel. Fastest at one token with per-row scales;
@@ -64,7 +64,8 @@ SKINNY_MAX_TOKENS = 16
 # for bucket 16), with a per-tensor weight scale and with per-row scales (vLLM's fused
 # q/k/v and gate/up), side by side on the H200 (``scripts/bench_paths.py [--per-row]``;
 # docs/BENCHMARKS.md, issue 12, sixth session): the wide linears (qkv, the 27B MLP's
-# gate_up). us fused / skinny at 4 and 16 tokens, per-tensor scale:
+# gate_up); all in ``SELF_PREPARED`` since the fourteenth session, which select_path checks
+# first. us fused / skinny at 4 and 16 tokens, per-tensor scale:
 SCALED_MM_SHAPES = frozenset(
     {
         (4, 14336, 5120), (16, 14336, 5120),  # Qwen3.5-27B qkv: 24.3 / 27.4, 25.6 / 29.9
