@@ -331,7 +331,7 @@ def one_launch_mlp(x: torch.Tensor, gate_up: Linear | None, down: Linear | None)
 
     if gate_up is None or down is None:
         return False
-    return mlp.fused_here(x) and mlp.fits(x, gate_up.fp8, gate_up.scale, down.fp8, down.scale)
+    return mlp.one_launch(x, gate_up.fp8, gate_up.scale, down.fp8, down.scale)
 
 
 MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Experts, Experts], torch.Tensor]

@@ -64,6 +64,17 @@ def fused_here(x: torch.Tensor) -> bool:
     return x.device.type == "cuda" and triton_available() and pdl.hopper(x.device.index or 0)
 
 
+def one_launch(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    gate_up_scale: torch.Tensor,
+    down: torch.Tensor,
+    down_scale: torch.Tensor,
+) -> bool:
+    """Whether :func:`fp8_mlp` runs on these operands in one launch (else three)."""
+    return fused_here(x) and fits(x, gate_up, gate_up_scale, down, down_scale)
+
+
 def fp8_mlp(
     x: torch.Tensor,
     gate_up: torch.Tensor,
@@ -79,7 +90,7 @@ def fp8_mlp(
             f"fp8_mlp takes x [..., H], gate_up [2I, H] and down [H, I]: got x {tuple(x.shape)}, "
             f"gate_up {tuple(gate_up.shape)}, down {tuple(down.shape)}"
         )
-    if fused_here(x) and fits(x, gate_up, gate_up_scale, down, down_scale):
+    if one_launch(x, gate_up, gate_up_scale, down, down_scale):
         from mtpconv.kernels import triton_mlp
 
         return triton_mlp.fused_mlp(x, gate_up, gate_up_scale, down, down_scale)
