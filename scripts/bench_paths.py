@@ -144,7 +144,7 @@ def prepared_line(x: torch.Tensor, ws: list[bd.Linear], cfgs: list[Any], show: i
 
     qt, st = triton_quant_tensor.quant_per_tensor(x)
 
-    def tensorwise() -> None:  # the step's qkv and gate_up (linear.SCALED_MM_SHAPES)
+    def tensorwise() -> None:  # cuBLAS on per-tensor rows, the step's qkv and gate_up until the 14th session
         for w in ws:
             fp8_linear(qt, w.fp8, w.scale, x_scale=st, out_dtype=x.dtype)
 
