@@ -221,23 +221,24 @@ class Variant(NamedTuple):
 
 
 def variant_parts(variant: str) -> Variant:
-    """``path[+nopdl|+pdl|+late][+shared][+fused][+noprep][+side][+nomlp]``: the path (an FP8 path
-    or ``bf16``), the environment of its kernels (none: the defaults), whether the shared expert runs
-    inside the grouped MoE launches, and who prepares the experts' inputs. ``+pdl`` /
-    ``+late`` launch the Triton kernels with programmatic dependent launch, dependents let
-    in after the wait / after the main loop; ``+nopdl`` without (:mod:`mtpconv.kernels.pdl`);
-    ``+shared``: see :func:`step`; ``+fused``: at 2+ tokens the grouped kernel applies SiLU *
-    up itself and FP8 experts quantize each token's K tile in registers (the steps until the
-    ninth session), where by default a launch of its own prepares each projection's input
-    (``split`` of :func:`mtpconv.kernels.triton_moe.routed_experts`); ``+noprep``: the
-    ``auto`` step's dense linears read BF16 rows (the steps until the tenth session), where
-    by default the producer of an input hands it FP8 rows wherever
+    """``path[+nopdl|+pdl|+late][+shared][+fused][+noprep][+side][+nomlp][+KEY=VALUE...]``: the path
+    (an FP8 path or ``bf16``), the environment of its kernels (none: the defaults), whether the
+    shared expert runs inside the grouped MoE launches, and who prepares the experts' inputs.
+    ``+pdl`` / ``+late`` launch the Triton kernels with programmatic dependent launch,
+    dependents let in after the wait / after the main loop; ``+nopdl`` without
+    (:mod:`mtpconv.kernels.pdl`); ``+shared``: see :func:`step`; ``+fused``: at 2+ tokens the
+    grouped kernel applies SiLU * up itself and FP8 experts quantize each token's K tile in
+    registers (the steps until the ninth session), where by default a launch of its own prepares
+    each projection's input (``split`` of :func:`mtpconv.kernels.triton_moe.routed_experts`);
+    ``+noprep``: the ``auto`` step's dense linears read BF16 rows (the steps until the tenth
+    session), where by default the producer of an input hands it FP8 rows wherever
     :func:`mtpconv.kernels.takes_prepared` says so (:func:`prepare_fn`); ``+side``: the shared
-    expert runs on a side stream beside the routed experts, as vLLM runs shared experts at
-    up to ``VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` (256) tokens, where by default it
-    runs after them on the step's stream; ``+nomlp``: the ``auto`` step's shared expert takes
-    three launches (two linears and SiLU * up) at 1-4 tokens too, where by default
-    :func:`mtpconv.kernels.fp8_mlp` runs it in one where it can (:func:`mlp_fn`)."""
+    expert runs on a side stream beside the routed experts, as vLLM runs shared experts at up to
+    ``VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` (256) tokens, where by default it runs after
+    them on the step's stream; ``+nomlp``: the ``auto`` step's shared expert takes three
+    launches (two linears and SiLU * up) at 1-4 tokens too, where by default
+    :func:`mtpconv.kernels.fp8_mlp` runs it in one where it can (:func:`mlp_fn`); ``+KEY=VALUE``
+    sets the kernels' setting ``MTPCONV_KEY`` while the variant's graphs are captured."""
     base, *mods = variant.split("+")
     env: dict[str, str] = {}
     shared = fused = noprep = side = nomlp = False
@@ -258,6 +259,9 @@ def variant_parts(variant: str) -> Variant:
             side = True
         elif mod == "nomlp":
             nomlp = True
+        elif "=" in mod:  # KEY=VALUE: MTPCONV_KEY while the variant's graphs are captured
+            key, value = mod.split("=", 1)
+            env[f"MTPCONV_{key}"] = value
         else:
             raise ValueError(f"unknown variant modifier {mod!r} in {variant!r}")
     return Variant(base, env, shared, fused, noprep, side, nomlp)

@@ -9,6 +9,8 @@ default on Hopper). Forms:
 
 * ``fused pP uN``: :func:`mtpconv.kernels.triton_mlp.fused_mlp`, one launch, P programs a
   SM, N gate / up K steps unrolled (``fused default``: the kernel's defaults);
+* ``fused act_late``: the defaults, but each token's intermediate loaded just before its
+  output (``act_first=False``, the kernel before the fifteenth session);
 * ``split``: the same kernel as two launches (no grid barrier);
 * ``three``: :func:`mtpconv.kernels.mlp.three_launches`, ``fp8_linear``, SiLU * up,
   ``fp8_linear`` (the step's form until the twelfth session);
@@ -54,6 +56,9 @@ def forms(
         for w in warps
         for d in down_tiles
     }
+    out["fused act_late"] = lambda x, gu, dn: triton_mlp.fused_mlp(
+        x, gu.fp8, gu.scale, dn.fp8, dn.scale, act_first=False
+    )
     out["split"] = lambda x, gu, dn: triton_mlp.fused_mlp(x, gu.fp8, gu.scale, dn.fp8, dn.scale, split=True)
     out["three"] = lambda x, gu, dn: mlp.three_launches(x, gu.fp8, gu.scale, dn.fp8, dn.scale)
     out["bf16"] = lambda x, gu, dn: F.linear(triton_glue.silu_mul(F.linear(x, gu.bf16)), dn.bf16)

@@ -24,6 +24,7 @@ def test_variant_modifiers() -> None:
     with pytest.raises(ValueError, match="unknown variant modifier"):
         bd.variant_parts("auto+sideways")
     assert bd.variant_parts("auto+nomlp").nomlp and not bd.variant_parts("auto").nomlp
+    assert bd.variant_parts("auto+late+FUSED_MLP=0").env == {pdl.ENV: "late", "MTPCONV_FUSED_MLP": "0"}
     assert bd.mlp_fn("auto") is not None
     assert bd.mlp_fn("auto+nomlp") is None and bd.mlp_fn("bf16") is None and bd.mlp_fn("wo_skinny") is None
 

@@ -58,12 +58,18 @@ def _check(y: torch.Tensor, ref: torch.Tensor, what: object) -> None:
 @pytest.mark.parametrize("tokens", [1, 2, 3, 4])
 @pytest.mark.parametrize("per_row", [False, True])
 def test_fused_mlp_matches_the_dequantized_reference(h: int, i: int, tokens: int, per_row: bool) -> None:
+    """One launch and two; each token's intermediate loaded first and one at a time."""
     from mtpconv.kernels import triton_mlp
 
     gu, gs, dn, ds = _weights(h, i, per_row, seed=h + i + tokens)
     g = torch.Generator(device="cuda").manual_seed(tokens)
     x = torch.randn(tokens, h, device="cuda", generator=g).to(torch.bfloat16)
-    _check(triton_mlp.fused_mlp(x, gu, gs, dn, ds), _reference(x, gu, gs, dn, ds), (h, i, tokens))
+    ref = _reference(x, gu, gs, dn, ds)
+    _check(triton_mlp.fused_mlp(x, gu, gs, dn, ds), ref, (h, i, tokens))
+    for split in (False, True):
+        for act_first in (False, True):
+            y = triton_mlp.fused_mlp(x, gu, gs, dn, ds, split=split, act_first=act_first)
+            _check(y, ref, (h, i, tokens, split, act_first))
 
 
 @pytest.mark.parametrize(("h", "i"), [(4096, 1024), (1040, 40)])
