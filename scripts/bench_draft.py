@@ -218,14 +218,15 @@ class Variant(NamedTuple):
     noprep: bool  # dense linears always read BF16 rows (the steps until the tenth session)
     side: bool  # the shared expert on a side stream beside the routed ones (as vLLM runs it)
     nomlp: bool  # the auto step's shared expert in three launches (the steps until the twelfth session)
+    moe_rows: bool = False  # the routed experts' FP8 rows from the residual add (step's moe_rows)
 
 
 def variant_parts(variant: str) -> Variant:
-    """``path[+nopdl|+pdl|+late][+shared][+fused][+noprep][+side][+nomlp][+KEY=VALUE...]``: the path
-    (an FP8 path or ``bf16``), the environment of its kernels (none: the defaults), whether the
-    shared expert runs inside the grouped MoE launches, and who prepares the experts' inputs.
-    ``+pdl`` / ``+late`` launch the Triton kernels with programmatic dependent launch,
-    dependents let in after the wait / after the main loop; ``+nopdl`` without
+    """``path[+nopdl|+pdl|+late][+shared][+fused][+noprep][+side][+nomlp][+moerows][+KEY=VALUE...]``:
+    the path (an FP8 path or ``bf16``), the environment of its kernels (none: the defaults),
+    whether the shared expert runs inside the grouped MoE launches, and who prepares the
+    experts' inputs. ``+pdl`` / ``+late`` launch the Triton kernels with programmatic dependent
+    launch, dependents let in after the wait / after the main loop; ``+nopdl`` without
     (:mod:`mtpconv.kernels.pdl`); ``+shared``: see :func:`step`; ``+fused``: at 2+ tokens the
     grouped kernel applies SiLU * up itself and FP8 experts quantize each token's K tile in
     registers (the steps until the ninth session), where by default a launch of its own prepares
@@ -237,11 +238,14 @@ def variant_parts(variant: str) -> Variant:
     ``VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` (256) tokens, where by default it runs after
     them on the step's stream; ``+nomlp``: the ``auto`` step's shared expert takes three
     launches (two linears and SiLU * up) at 1-4 tokens too, where by default
-    :func:`mtpconv.kernels.fp8_mlp` runs it in one where it can (:func:`mlp_fn`); ``+KEY=VALUE``
-    sets the kernels' setting ``MTPCONV_KEY`` while the variant's graphs are captured."""
+    :func:`mtpconv.kernels.fp8_mlp` runs it in one where it can (:func:`mlp_fn`); ``+moerows``:
+    at 2+ tokens the residual add that writes the routed experts' input also hands them its FP8
+    rows (``moe_rows`` of :func:`step`), where by default they quantize it themselves;
+    ``+KEY=VALUE`` sets the kernels' setting ``MTPCONV_KEY`` while the variant's graphs are
+    captured."""
     base, *mods = variant.split("+")
     env: dict[str, str] = {}
-    shared = fused = noprep = side = nomlp = False
+    shared = fused = noprep = side = nomlp = moe_rows = False
     for mod in mods:
         if mod == "nopdl":
             env[pdl.ENV] = "0"
@@ -259,12 +263,14 @@ def variant_parts(variant: str) -> Variant:
             side = True
         elif mod == "nomlp":
             nomlp = True
+        elif mod == "moerows":
+            moe_rows = True
         elif "=" in mod:  # KEY=VALUE: MTPCONV_KEY while the variant's graphs are captured
             key, value = mod.split("=", 1)
             env[f"MTPCONV_{key}"] = value
         else:
             raise ValueError(f"unknown variant modifier {mod!r} in {variant!r}")
-    return Variant(base, env, shared, fused, noprep, side, nomlp)
+    return Variant(base, env, shared, fused, noprep, side, nomlp, moe_rows)
 
 
 def is_bf16(variant: str) -> bool:
@@ -338,7 +344,8 @@ def one_launch_mlp(x: torch.Tensor, gate_up: Linear | None, down: Linear | None)
     return mlp.one_launch(x, gate_up.fp8, gate_up.scale, down.fp8, down.scale)
 
 
-MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Experts, Experts], torch.Tensor]
+# (h, ids, weights, gate_up, down, h's FP8 rows from the launch that wrote h, or None) -> pair rows
+MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Experts, Experts, "Fp8Rows | None"], torch.Tensor]
 
 
 def moe_fn(variant: str, kind: str) -> MoeFn:
@@ -357,11 +364,31 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
     fused = variant_parts(variant).fused
 
     def grouped(
-        h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts
+        h: torch.Tensor,
+        ids: torch.Tensor,
+        tw: torch.Tensor,
+        gu: Experts,
+        dn: Experts,
+        rows: Fp8Rows | None = None,
     ) -> torch.Tensor:
-        return triton_moe.routed_experts(h, w(gu), w(dn), ids, tw, split=False if fused else None)
+        return triton_moe.routed_experts(
+            h,
+            w(gu),
+            w(dn),
+            ids,
+            tw,
+            split=False if fused else None,
+            h_fp8=None if rows is None else tuple(rows),
+        )
 
-    def pair(h: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, gu: Experts, dn: Experts) -> torch.Tensor:
+    def pair(
+        h: torch.Tensor,
+        ids: torch.Tensor,
+        tw: torch.Tensor,
+        gu: Experts,
+        dn: Experts,
+        rows: Fp8Rows | None = None,
+    ) -> torch.Tensor:
         y = triton_moe_pairs.wo_moe(h, *w(gu), ids, x_per_pair=False)
         d = triton_moe_pairs.wo_moe(silu_mul(y), *w(dn), ids, x_per_pair=True)
         return d * tw.reshape(-1, 1)
@@ -406,6 +433,7 @@ def step(
     prepare: PrepareFn | None = None,
     side_shared: bool = False,
     mlp: MlpFn | None = None,
+    moe_rows: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One drafter step; returns (logits, topk_ids or None). ``fuse_shared``: the shared
     expert's gate computed with the router and the expert itself in the grouped MoE
@@ -421,10 +449,13 @@ def step(
     sum (:mod:`mtpconv.kernels.triton_quant`, ``triton_glue.combine_quant``); ``qkv``'s
     producer is ``fc`` itself, so it always reads BF16 rows. With ``fused`` glue and
     ``side_shared`` the shared expert runs on a side stream beside the routed experts
-    (:func:`beside`). ``mlp``: the shared expert on BF16 rows in one call (:func:`mlp_fn`)."""
+    (:func:`beside`). ``mlp``: the shared expert on BF16 rows in one call (:func:`mlp_fn`).
+    ``moe_rows`` (with ``fused`` glue, 2+ tokens): the residual add that writes the routed
+    experts' input also hands them its FP8 rows (``add_quant``), so that they quantize
+    nothing themselves."""
     fused = glue == "fused"
     if fused:
-        from mtpconv.kernels import triton_glue, triton_quant, triton_quant_tensor
+        from mtpconv.kernels import triton_glue, triton_moe, triton_quant, triton_quant_tensor
     act = triton_glue.silu_mul if fused else silu_mul
     t = emb.shape[0]
 
@@ -455,8 +486,21 @@ def step(
     mlp_input = ws.gate_up if s.experts == 0 else ws.shared_gate_up
     if s.experts and mlp is not None and one_launch_mlp(h, ws.shared_gate_up, ws.shared_down):
         mlp_input = None  # the one-launch shared expert reads BF16 rows, whatever its linears' table
-    h, x = add(h, lin(Fp8Rows(*triton_quant.quant_per_token(attn)) if fp8(ws.o) else attn.contiguous(), ws.o),
-               mlp_input)  # fmt: skip
+    o_out = lin(Fp8Rows(*triton_quant.quant_per_token(attn)) if fp8(ws.o) else attn.contiguous(), ws.o)
+    h_rows: Fp8Rows | None = None  # h's FP8 rows for the routed experts, from the add that writes h
+    if (
+        moe_rows
+        and fused
+        and s.experts
+        and 1 < t <= triton_moe.GROUPED_MAX_TOKENS
+        and kind(mlp_input) is None
+    ):
+        h, q, sc = triton_quant.add_quant(h, o_out)
+        x, h_rows = h, Fp8Rows(q, sc)
+    else:
+        h, x = add(h, o_out, mlp_input)
+        if moe_rows and isinstance(x, Fp8Rows) and kind(mlp_input) is Prepared.TOKEN:
+            h_rows = x
     ids = None
     if s.experts == 0:
         assert ws.gate_up is not None and ws.down is not None
@@ -475,7 +519,7 @@ def step(
             ids = all_ids[:, : s.top_k]
             parts: tuple[torch.Tensor, ...]
             if fuse_shared:  # the shared expert as expert E
-                parts = (h, moe(h, all_ids, all_w, gu, dn))
+                parts = (h, moe(h, all_ids, all_w, gu, dn, None))
             else:
                 sgu, sdn = ws.shared_gate_up, ws.shared_down
 
@@ -486,12 +530,12 @@ def step(
 
                 if side_shared:
                     shared, done = beside(shared_expert, h.device)
-                    routed = moe(h, ids, all_w, gu, dn)
+                    routed = moe(h, ids, all_w, gu, dn, h_rows)
                     torch.cuda.current_stream(h.device).wait_event(done)
                     parts = (h, routed, shared, gate)
                 else:
                     shared = shared_expert()
-                    parts = (h, moe(h, ids, all_w, gu, dn), shared, gate)
+                    parts = (h, moe(h, ids, all_w, gu, dn, h_rows), shared, gate)
             if fp8(head):
                 h, q, sc = triton_glue.combine_quant(*parts)
                 x = Fp8Rows(q, sc)
@@ -508,9 +552,9 @@ def step(
             if fuse_shared:
                 all_ids = torch.cat((ids, torch.full_like(ids[:, :1], s.experts)), dim=-1)
                 all_w = torch.cat((topw, torch.sigmoid(logits[:, s.experts :])), dim=-1).to(h.dtype)
-                h = h + moe(h, all_ids, all_w, gu, dn).view(t, s.top_k + 1, -1).sum(1)
+                h = h + moe(h, all_ids, all_w, gu, dn, None).view(t, s.top_k + 1, -1).sum(1)
             else:
-                routed = moe(h, ids, topw.to(h.dtype), gu, dn).view(t, s.top_k, -1).sum(1)
+                routed = moe(h, ids, topw.to(h.dtype), gu, dn, None).view(t, s.top_k, -1).sum(1)
                 shared = lin(act(lin(h, ws.shared_gate_up)), ws.shared_down)
                 h = h + routed + torch.sigmoid(F.linear(h, ws.shared_gate)) * shared
             x = h
@@ -663,9 +707,12 @@ def bench_model(
             side = variant_parts(variant).side
             prep = prepare_fn(variant)
             mlp = mlp_fn(variant)
+            mrows = variant_parts(variant).moe_rows
             for full_head in (True, False):
                 with variant_env(variant):
-                    _, ids = step(s, sets[0], emb, hid, lin, moe, full_head, shared, glue, prep, side, mlp)
+                    _, ids = step(
+                        s, sets[0], emb, hid, lin, moe, full_head, shared, glue, prep, side, mlp, mrows
+                    )
                 distinct = int(ids.unique().numel()) if ids is not None else 0
 
                 def run(
@@ -679,9 +726,10 @@ def bench_model(
                     prep: PrepareFn | None = prep,
                     side: bool = side,
                     mlp: MlpFn | None = mlp,
+                    mrows: bool = mrows,
                 ) -> None:
                     for ws in sets:
-                        step(s, ws, emb, hid, lin, moe, full_head, shared, glue, prep, side, mlp)
+                        step(s, ws, emb, hid, lin, moe, full_head, shared, glue, prep, side, mlp, mrows)
 
                 try:
                     with variant_env(variant):

@@ -77,11 +77,12 @@ def report(
     shared = bd.variant_parts(variant).shared and s.experts > 0
     side = bd.variant_parts(variant).side
     mlp = bd.mlp_fn(variant)
+    mrows = bd.variant_parts(variant).moe_rows
 
     def run() -> None:
-        bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side, mlp)
+        bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side, mlp, mrows)
 
-    _, ids = bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side, mlp)
+    _, ids = bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side, mlp, mrows)
     distinct = int(ids.unique().numel()) if ids is not None else 0
     nbytes = bd.step_bytes(s, ws, variant, False, distinct)
 

@@ -17,13 +17,14 @@ from mtpconv.kernels import pdl, triton_available  # noqa: E402
 
 
 def test_variant_modifiers() -> None:
-    assert bd.variant_parts("auto") == bd.Variant("auto", {}, False, False, False, False, False)
+    assert bd.variant_parts("auto") == bd.Variant("auto", {}, False, False, False, False, False, False)
     parts = bd.variant_parts("auto+late+side+noprep")
     assert parts.env == {pdl.ENV: "late"} and parts.side and parts.noprep and not parts.shared
     assert bd.variant_parts("bf16+nopdl").env == {pdl.ENV: "0"}
     with pytest.raises(ValueError, match="unknown variant modifier"):
         bd.variant_parts("auto+sideways")
     assert bd.variant_parts("auto+nomlp").nomlp and not bd.variant_parts("auto").nomlp
+    assert bd.variant_parts("auto+moerows").moe_rows and not bd.variant_parts("auto").moe_rows
     assert bd.variant_parts("auto+late+FUSED_MLP=0").env == {pdl.ENV: "late", "MTPCONV_FUSED_MLP": "0"}
     assert bd.mlp_fn("auto") is not None
     assert bd.mlp_fn("auto+nomlp") is None and bd.mlp_fn("bf16") is None and bd.mlp_fn("wo_skinny") is None
@@ -88,3 +89,24 @@ def test_shared_expert_in_one_launch_computes_what_three_do(tokens: int) -> None
     assert ids is not None and ids3 is not None and torch.equal(ids, ids3)  # routing comes first
     # the one launch keeps SiLU * up in float32 where the three round it to bf16 twice
     assert float((one.double() - three.double()).norm() / three.double().norm()) < 2e-2
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(), reason="needs CUDA and triton")
+@pytest.mark.parametrize("tokens", [1, 4, 16])
+@pytest.mark.parametrize("mlp_variant", ["auto", "auto+nomlp"])
+def test_routed_experts_rows_from_the_residual_add_change_no_bit(tokens: int, mlp_variant: str) -> None:
+    """``+moerows``: the add that writes h hands the routed experts its FP8 rows; they are bit
+    for bit the rows the experts' own per-token quantization gives."""
+    dev = torch.device("cuda")
+    ws = bd.build_weights(TINY_MOE, dev, seed=5, head_full=None)
+    gen = torch.Generator(device=dev).manual_seed(tokens)
+    emb = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
+    hid = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
+    lin = bd.linear_fn("auto", torch.tensor(4.0 / 448.0, device=dev))
+    args = (TINY_MOE, ws, emb, hid, lin, bd.moe_fn("auto", "grouped"), False, False, "fused")
+    rest = (bd.prepare_fn("auto"), False, bd.mlp_fn(mlp_variant))
+    want, want_ids = bd.step(*args, *rest, bd.variant_parts("auto").moe_rows)
+    got, ids = bd.step(*args, *rest, bd.variant_parts("auto+moerows").moe_rows)
+    assert ids is not None and want_ids is not None and torch.equal(ids, want_ids)
+    assert torch.equal(got, want)

@@ -353,10 +353,14 @@ def routed_experts(
     route_w: torch.Tensor | None,
     *,
     split: bool | None = None,
+    h_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """A MoE layer's routed experts, ``[T*topk, H]``, one row per (token, expert) pair with
     its routing weight applied: ``gate_up`` and ``down`` are ``(weights [E, N, K], scale
-    [E] or None)``, both FP8 or both BF16.
+    [E] or None)``, both FP8 or both BF16. ``h_fp8``: ``h``'s rows in FP8 with one scale each,
+    as :func:`mtpconv.kernels.triton_quant.quant_per_token` gives them, from the launch that
+    wrote ``h`` (FP8 experts with ``split``: the gate/up projection reads them instead of
+    quantizing ``h`` itself).
 
     ``split`` (the default at 2 to ``GROUPED_MAX_TOKENS`` tokens): each projection's input
     prepared by a launch of its own (:func:`moe_projection`): FP8 experts take it quantized
@@ -371,5 +375,13 @@ def routed_experts(
         raise ValueError(f"routed_experts: gate_up {gate_up[0].dtype} and down {down[0].dtype} differ")
     if split is None:
         split = 1 < t <= GROUPED_MAX_TOKENS
-    y = moe_projection(h, *gate_up, topk_ids, x_per_pair=False, split=split)
+    if h_fp8 is not None and split and fp8:
+        q, s = h_fp8
+        if q.shape != h.shape or s.numel() != t:
+            raise ValueError(
+                f"routed_experts: h_fp8 {tuple(q.shape)} / {tuple(s.shape)} for h {tuple(h.shape)}"
+            )
+        y = moe_grouped(q, *gate_up, topk_ids, x_per_pair=False, x_scale=s, out_dtype=h.dtype)
+    else:
+        y = moe_projection(h, *gate_up, topk_ids, x_per_pair=False, split=split)
     return moe_projection(y, *down, topk_ids, x_per_pair=True, act=True, route_w=route_w, split=split)

@@ -464,6 +464,10 @@ def test_grouped_moe_fp8_activations_match_reference(tokens: int) -> None:
     q2, s2 = quant_per_token(y, act=True)
     two = triton_moe.moe_grouped(q2, dn_w, dn_s, ids, x_per_pair=True, route_w=rw, x_scale=s2)
     assert torch.equal(got, two)
+    # h's FP8 rows handed over by the launch that wrote h: the same launches, bit for bit
+    assert torch.equal(triton_moe.routed_experts(x, (gu_w, gu_s), (dn_w, dn_s), ids, rw, h_fp8=(q1, s1)), two)
+    with pytest.raises(ValueError, match="h_fp8"):
+        triton_moe.routed_experts(x, (gu_w, gu_s), (dn_w, dn_s), ids, rw, h_fp8=(q1[:, :-16], s1))
     # both FP8 chains against a float64 one on the dequantized experts (the activations
     # rounded to BF16 where the kernels write them): two W8A8 stages, each within 6e-2
     # above, so the chain's bound is 8e-2
