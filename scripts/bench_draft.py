@@ -219,10 +219,11 @@ class Variant(NamedTuple):
     side: bool  # the shared expert on a side stream beside the routed ones (as vLLM runs it)
     nomlp: bool  # the auto step's shared expert in three launches (the steps until the twelfth session)
     moe_rows: bool = False  # the routed experts' FP8 rows from the residual add (step's moe_rows)
+    noglu: bool = False  # one token: the down projection applies SiLU * up (the steps until the 15th session)
 
 
 def variant_parts(variant: str) -> Variant:
-    """``path[+nopdl|+pdl|+late][+shared][+fused][+noprep][+side][+nomlp][+moerows][+KEY=VALUE...]``:
+    """``path[+nopdl|+pdl|+late][+shared][+fused][+noprep][+side][+nomlp][+moerows][+noglu][+KEY=VALUE...]``:
     the path (an FP8 path or ``bf16``), the environment of its kernels (none: the defaults),
     whether the shared expert runs inside the grouped MoE launches, and who prepares the
     experts' inputs. ``+pdl`` / ``+late`` launch the Triton kernels with programmatic dependent
@@ -241,11 +242,14 @@ def variant_parts(variant: str) -> Variant:
     :func:`mtpconv.kernels.fp8_mlp` runs it in one where it can (:func:`mlp_fn`); ``+moerows``:
     at 2+ tokens the residual add that writes the routed experts' input also hands them its FP8
     rows (``moe_rows`` of :func:`step`), where by default they quantize it themselves;
-    ``+KEY=VALUE`` sets the kernels' setting ``MTPCONV_KEY`` while the variant's graphs are
-    captured."""
+    ``+noglu``: at one token the routed down projection applies SiLU * up to the gate/up
+    projection's output in every program (the steps until the fifteenth session), where by
+    default the gate/up projection writes SiLU * up itself (``glu`` of
+    :func:`mtpconv.kernels.triton_moe.routed_experts`); ``+KEY=VALUE`` sets the kernels' setting
+    ``MTPCONV_KEY`` while the variant's graphs are captured."""
     base, *mods = variant.split("+")
     env: dict[str, str] = {}
-    shared = fused = noprep = side = nomlp = moe_rows = False
+    shared = fused = noprep = side = nomlp = moe_rows = noglu = False
     for mod in mods:
         if mod == "nopdl":
             env[pdl.ENV] = "0"
@@ -265,12 +269,14 @@ def variant_parts(variant: str) -> Variant:
             nomlp = True
         elif mod == "moerows":
             moe_rows = True
+        elif mod == "noglu":
+            noglu = True
         elif "=" in mod:  # KEY=VALUE: MTPCONV_KEY while the variant's graphs are captured
             key, value = mod.split("=", 1)
             env[f"MTPCONV_{key}"] = value
         else:
             raise ValueError(f"unknown variant modifier {mod!r} in {variant!r}")
-    return Variant(base, env, shared, fused, noprep, side, nomlp, moe_rows)
+    return Variant(base, env, shared, fused, noprep, side, nomlp, moe_rows, noglu)
 
 
 def is_bf16(variant: str) -> bool:
@@ -362,6 +368,7 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
         return (e.bf16, None) if is_bf16(variant) else (e.fp8, e.scale)
 
     fused = variant_parts(variant).fused
+    glu = False if variant_parts(variant).noglu else None
 
     def grouped(
         h: torch.Tensor,
@@ -379,6 +386,7 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
             tw,
             split=False if fused else None,
             h_fp8=None if rows is None else tuple(rows),
+            glu=glu,
         )
 
     def pair(

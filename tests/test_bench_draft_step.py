@@ -17,7 +17,7 @@ from mtpconv.kernels import pdl, triton_available  # noqa: E402
 
 
 def test_variant_modifiers() -> None:
-    assert bd.variant_parts("auto") == bd.Variant("auto", {}, False, False, False, False, False, False)
+    assert bd.variant_parts("auto") == bd.Variant("auto", {}, False, False, False, False, False, False, False)
     parts = bd.variant_parts("auto+late+side+noprep")
     assert parts.env == {pdl.ENV: "late"} and parts.side and parts.noprep and not parts.shared
     assert bd.variant_parts("bf16+nopdl").env == {pdl.ENV: "0"}

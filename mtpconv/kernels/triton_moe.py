@@ -6,14 +6,16 @@
   whether it is its expert's first (token, expert) pair among all pairs and
   gathers the expert's tokens itself. Optionally fuses SiLU(gate) * up into
   the load of the down projection's input and the routing weight into the
-  epilogue. Weights ``[E, N, K]``: FP8 with one scale per expert, or BF16. FP8
-  experts also take FP8 activations with one scale per row (``x_scale``), which the
-  MMA reads as they are. Where :mod:`mtpconv.kernels.pdl` says so (by default on Hopper
+  epilogue, or SiLU(gate) * up into the gate/up projection's epilogue (``glu``).
+  Weights ``[E, N, K]``: FP8 with one scale per expert, or BF16. FP8 experts also
+  take FP8 activations with one scale per row (``x_scale``), which the MMA reads
+  as they are. Where :mod:`mtpconv.kernels.pdl` says so (by default on Hopper
   with Triton 3.6+; ``MTPCONV_PDL``) it is launched with programmatic dependent launch and
   waits for the previous kernel first.
 * ``moe_projection`` / ``routed_experts``: one projection / a MoE layer's two; with
   ``split`` (the layer's default at 2+ tokens) a small launch of its own prepares each
-  projection's input first (per-token FP8 quantization, SiLU * up).
+  projection's input first (per-token FP8 quantization, SiLU * up); at one token the
+  gate/up projection writes SiLU * up (``glu``).
 * ``wo_moe`` (:mod:`mtpconv.kernels.triton_moe_pairs`): one GEMV per (token, expert)
   pair, the measured baseline; ``moe_grouped`` falls back to it beyond
   ``GROUPED_MAX_TOKENS`` tokens.
@@ -29,6 +31,11 @@ import triton
 import triton.language as tl
 
 from mtpconv.kernels import pdl as pdl_setting
+from mtpconv.kernels.moe_tuned import DOT as DOT
+from mtpconv.kernels.moe_tuned import DOT_FP8 as DOT_FP8
+from mtpconv.kernels.moe_tuned import FMA as FMA
+from mtpconv.kernels.moe_tuned import FMA_NARROW as FMA_NARROW
+from mtpconv.kernels.moe_tuned import default_config as default_config
 from mtpconv.kernels.triton_moe_pairs import wo_moe
 from mtpconv.kernels.triton_tile import pdl_enter, pdl_leave
 
@@ -64,6 +71,7 @@ def _moe_grouped_kernel(
     PDL: tl.constexpr,
     NARROW: tl.constexpr,
     X_SCALE: tl.constexpr,
+    GLU: tl.constexpr,
 ):
     # DOT=False (one token per expert at most, BLOCK_M == 1): FMA on CUDA cores with a
     # 2-D accumulator reduced once at the end, as the skinny GEMM does at one token.
@@ -73,6 +81,8 @@ def _moe_grouped_kernel(
     # loads whose layout is the activation row's, each thread summing its own 8 products
     # (as the skinny GEMM's Config.narrow). X_SCALE: x is FP8 already, one scale per row
     # (xs_ptr, applied in the epilogue), so the MMA takes it as it is and accumulates in place.
+    # GLU: the experts are [gate; up] (N = 2I): a tile holds BLOCK_N // 2 gate rows and the
+    # up rows of the same columns, interleaved, and the output is SiLU(gate) * up ([pairs, I]).
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
     pdl_enter(PDL)  # the ids and activations may come from the previous kernel
@@ -91,11 +101,17 @@ def _moe_grouped_kernel(
             rows = slot_pair
         else:
             rows = slot_pair // TOPK
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        if GLU:  # even r: gate row of column pid_n * BLOCK_N // 2 + r // 2; odd r: its up row
+            r = tl.arange(0, BLOCK_N)
+            cols = pid_n * (BLOCK_N // 2) + r // 2
+            offs_n = cols + (r % 2) * (N // 2)
+            mask_n = cols < N // 2
+        else:
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
         if NARROW:
             offs_k = tl.max_contiguous(tl.multiple_of(offs_k, 8), 8)
-        mask_n = offs_n < N
         w_ptrs = w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :]
         if NARROW:  # one row (BLOCK_M == 1), read as a vector in the weight tile's layout
             x_ptrs = x_ptr + tl.sum(rows, axis=0) * stride_xm + offs_k
@@ -155,58 +171,18 @@ def _moe_grouped_kernel(
             acc = acc * tl.load(xs_ptr + rows, mask=valid, other=0.0)[None, :]
         if HAS_RW:
             acc = acc * tl.load(rw_ptr + slot_pair, mask=valid, other=0.0).to(tl.float32)[None, :]
-        o_ptrs = o_ptr + slot_pair[None, :] * stride_om + offs_n[:, None]
-        tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=mask_n[:, None] & valid[None, :])
+        if GLU:
+            gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_M)), (0, 2, 1)))
+            half = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+            o_ptrs = o_ptr + slot_pair[None, :] * stride_om + half[:, None]
+            act = gate / (1.0 + tl.exp(-gate)) * up
+            tl.store(o_ptrs, act.to(o_ptr.dtype.element_ty), mask=(half < N // 2)[:, None] & valid[None, :])
+        else:
+            o_ptrs = o_ptr + slot_pair[None, :] * stride_om + offs_n[:, None]
+            tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=mask_n[:, None] & valid[None, :])
 
 
 GROUPED_MAX_TOKENS = 64  # tokens per launch the grouped kernel takes (one tile of tl.dot)
-
-
-# the config's last field: how a weight tile meets the tokens (FMA_NARROW: FMA with the
-# kernel's NARROW loads and in-thread sums)
-FMA, DOT, DOT_FP8, FMA_NARROW = 0, 1, 2, 3
-
-
-def default_config(
-    tokens: int, n: int, k: int, fp8: bool, act: bool = False, fp8_x: bool = False
-) -> tuple[int, int, int, int, int]:
-    """Best measured ``(BLOCK_N, BLOCK_K, warps, stages, mode)`` on the H200 for experts
-    ``[E, n, k]`` (the measured rule depends on ``k``, the precision and what the kernel does
-    to its input: SiLU * up with ``act``, nothing with FP8 activations, ``fp8_x``).
-
-    One token, from ``scripts/sweep_moe.py --tokens 1`` (docs/BENCHMARKS.md, eighth
-    session; 397B and Next-80B experts, both projections and precisions): the narrow-load
-    FMA with 8-row tiles, 512-wide K steps and 2 warps was the best of 24 configurations
-    in all four FP8 cases (by 6-23% over the previous choice) and on the BF16 down
-    projections (K <= 1024; by 3-22%); the BF16 gate_up projections keep 1024-wide K steps
-    with 4 warps (within 1% of their best). With PDL on (twelfth session, the same sweep):
-    FP8 experts with K >= 4096 (397B's gate_up) take 1024-wide K steps with 4 warps too,
-    24.5 us against 27.3 with 512-wide ones; on Next-80B's (K = 2048) and both down
-    projections 512-wide steps with 2 warps stayed the best. Experts with K < 512 (not
-    swept) take the FMA. 2+ tokens, from ``scripts/sweep_moe.py --tokens 4,16 --split`` (docs/BENCHMARKS.md,
-    ninth session): the MMA with 64 x 128 tiles, 4 warps and 3 stages on inputs that need
-    nothing more (FP8 activations quantized per token beforehand, BF16 ones without SiLU *
-    up), within 1.1% of the best of 32 tiles in all eight FP8 and four BF16 cases; BF16
-    experts with SiLU * up in the kernel 64-wide K tiles where K <= 1024 (the down
-    projections: within 4% of the best, where 128-wide tiles lost up to 23%; seventh
-    session), 128-wide ones above; FP8 experts quantizing in registers 128 x 128 tiles with
-    8 warps (within 1% of the best; seventh session). FP8 activations over K >= 4096 (397B's
-    gate_up): 64 x 256 tiles in 5 stages, 79.6 us against 81.4 at 4 tokens and 266.8 against
-    269.1 at 16, the best of ``sweep_moe.py --tokens 4,16 --split --deep`` (5-8 stages;
-    fourteenth session), where the down projections (K = 1024) gained nothing."""
-    if tokens == 1 and not fp8_x:
-        if k < 512:
-            return 16, 256, 4, 3, FMA
-        if fp8 and k >= 4096:
-            return 8, 1024, 4, 3, FMA_NARROW
-        if fp8 or k <= 1024:
-            return 8, 512, 2, 3, FMA_NARROW
-        return 8, 1024, 4, 3, FMA_NARROW
-    if fp8 and not fp8_x:
-        return 128, 128, 8, 3, DOT_FP8
-    if fp8_x and k >= 4096:
-        return 64, 256, 4, 5, DOT
-    return 64, 64 if act and k <= 1024 else 128, 4, 3, DOT
 
 
 def moe_grouped(
@@ -221,6 +197,7 @@ def moe_grouped(
     config: tuple[int, int, int, int, int] | None = None,
     x_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    glu: bool = False,
 ) -> torch.Tensor:
     """Routed experts, each hit expert read once: output ``[T*topk, N]`` (row = pair).
 
@@ -235,7 +212,9 @@ def moe_grouped(
     ``[rows, 1]`` float32: ``x`` is FP8 already (``quant_per_token``; ``act`` then False, the
     down projection's SiLU * up applied by the quantization), each row ``x * x_scale``; the
     MMA takes FP8 weights and activations as they are and accumulates in place. The output
-    is ``out_dtype``, by default x's dtype (BF16 for FP8 activations).
+    is ``out_dtype``, by default x's dtype (BF16 for FP8 activations). ``glu``: the experts
+    are ``[gate; up]`` (``N = 2I``) and the output is ``SiLU(gate) * up``, ``[T*topk, I]``,
+    from the float32 sums, rounded once (no ``act`` or ``route_w`` with it).
     """
     ids = topk_ids.reshape(-1)
     t, topk = topk_ids.shape
@@ -252,16 +231,21 @@ def moe_grouped(
         )
     if fp8_x and t > GROUPED_MAX_TOKENS:
         raise ValueError(f"moe_grouped: FP8 activations take at most {GROUPED_MAX_TOKENS} tokens, got {t}")
+    if glu and (act or route_w is not None or n % 2):
+        raise ValueError(f"moe_grouped: glu takes [gate; up] experts of even N ({n}), no act or route_w")
     if t > GROUPED_MAX_TOKENS:
         xin = x
         if act:
             g, u = x.chunk(2, dim=-1)
             xin = (torch.nn.functional.silu(g) * u).contiguous()
         y = wo_moe(xin, w, w_scale, topk_ids, x_per_pair=x_per_pair)
+        if glu:
+            g, u = y.float().chunk(2, dim=-1)
+            return (torch.nn.functional.silu(g) * u).to(y.dtype)
         return y if route_w is None else y * route_w.reshape(-1, 1).to(y.dtype)
     if out_dtype is None:
         out_dtype = torch.bfloat16 if fp8_x else x.dtype
-    out = torch.empty((pairs, n), dtype=out_dtype, device=x.device)
+    out = torch.empty((pairs, n // 2 if glu else n), dtype=out_dtype, device=x.device)
     block_n, block_k, warps, stages, mode = (
         config if config is not None else default_config(t, n, k, w.dtype == torch.float8_e4m3fn, act, fp8_x)
     )
@@ -302,6 +286,7 @@ def moe_grouped(
         FP8_MMA=mode == DOT_FP8,
         NARROW=mode == FMA_NARROW and not dot,
         X_SCALE=fp8_x,
+        GLU=glu,
         num_warps=warps,
         num_stages=stages,
         **pdl_setting.launch(x.device),
@@ -354,13 +339,16 @@ def routed_experts(
     *,
     split: bool | None = None,
     h_fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
+    glu: bool | None = None,
 ) -> torch.Tensor:
     """A MoE layer's routed experts, ``[T*topk, H]``, one row per (token, expert) pair with
     its routing weight applied: ``gate_up`` and ``down`` are ``(weights [E, N, K], scale
     [E] or None)``, both FP8 or both BF16. ``h_fp8``: ``h``'s rows in FP8 with one scale each,
     as :func:`mtpconv.kernels.triton_quant.quant_per_token` gives them, from the launch that
     wrote ``h`` (FP8 experts with ``split``: the gate/up projection reads them instead of
-    quantizing ``h`` itself).
+    quantizing ``h`` itself). ``glu`` (the default at one token): the gate/up projection
+    writes SiLU(gate) * up itself (``moe_grouped(glu=True)``), so the down projection reads
+    it as it is, where otherwise each of its programs recomputes it from gate and up.
 
     ``split`` (the default at 2 to ``GROUPED_MAX_TOKENS`` tokens): each projection's input
     prepared by a launch of its own (:func:`moe_projection`): FP8 experts take it quantized
@@ -375,6 +363,11 @@ def routed_experts(
         raise ValueError(f"routed_experts: gate_up {gate_up[0].dtype} and down {down[0].dtype} differ")
     if split is None:
         split = 1 < t <= GROUPED_MAX_TOKENS
+    if glu is None:
+        glu = t == 1
+    if glu and not split:
+        y = moe_grouped(h, *gate_up, topk_ids, x_per_pair=False, glu=True)
+        return moe_grouped(y, *down, topk_ids, x_per_pair=True, route_w=route_w)
     if h_fp8 is not None and split and fp8:
         q, s = h_fp8
         if q.shape != h.shape or s.numel() != t:

@@ -337,13 +337,21 @@ def test_grouped_moe_matches_reference(tokens: int, fp8: bool) -> None:
     act = (torch.nn.functional.silu(xp[:, :k].float()) * xp[:, k:].float()).to(torch.bfloat16).double()
     ref = torch.einsum("pk,pnk->pn", act, deq[flat]) * rw.reshape(-1, 1).double()
     assert _rel(out, ref) < tol
+    # glu: the experts as [gate; up], SiLU(gate) * up out of the epilogue (the fallback past
+    # GROUPED_MAX_TOKENS applies it after wo_moe)
+    y = torch.einsum("pk,pnk->pn", x.double()[torch.arange(tokens * top, device=DEV) // top], deq[flat])
+    ref = torch.nn.functional.silu(y[:, : n // 2]) * y[:, n // 2 :]
+    out = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, glu=True)
+    assert out.shape == (tokens * top, n // 2) and _rel(out, ref) < tol
 
 
 @pytest.mark.parametrize("fp8", [True, False])
 @pytest.mark.parametrize("k", [256, 200, 1024])
 def test_grouped_moe_one_token_fma_modes_match_reference(fp8: bool, k: int) -> None:
     """One token: the FMA mode and the narrow-load FMA mode are weight-only (rel. L2 < 1e-2),
-    for a K that is and one that is not a multiple of the tile, and for tiles wider than K."""
+    for a K that is and one that is not a multiple of the tile, and for tiles wider than K;
+    also with SiLU(gate) * up out of the epilogue (``glu``, N / 2 columns not a multiple of
+    the tile's), and ``routed_experts`` built on it."""
     if not triton_available():
         pytest.skip("needs triton")
     from mtpconv.kernels import triton_moe
@@ -362,6 +370,7 @@ def test_grouped_moe_one_token_fma_modes_match_reference(fp8: bool, k: int) -> N
     ref = torch.einsum("k,pnk->pn", x[0].double(), deq[ids[0]])
     act = (torch.nn.functional.silu(xp[:, :k].float()) * xp[:, k:].float()).to(torch.bfloat16).double()
     ref_act = torch.einsum("pk,pnk->pn", act, deq[ids[0]]) * rw.reshape(-1, 1).double()
+    ref_glu = torch.nn.functional.silu(ref[:, : n // 2]) * ref[:, n // 2 :]
     for cfg in (
         (16, 128, 4, 3, triton_moe.FMA),
         (16, 128, 4, 3, triton_moe.FMA_NARROW),
@@ -373,6 +382,19 @@ def test_grouped_moe_one_token_fma_modes_match_reference(fp8: bool, k: int) -> N
         assert _rel(out, ref) < 1e-2, cfg
         out = triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, route_w=rw, config=cfg)
         assert _rel(out, ref_act) < 1e-2, cfg
+        out = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, glu=True, config=cfg)
+        assert _rel(out, ref_glu) < 1e-2, cfg
+    # routed_experts at one token: the gate/up projection writes SiLU * up (glu, the default)
+    # and the down projection reads it; within one BF16 rounding of the form before
+    dn = quantize_fp8(torch.randn(e, k, n // 2, generator=g) * 0.05)
+    down = (dn.weight.to(DEV), dn.scale.to(DEV)) if fp8 else (_dequantized(dn).to(torch.bfloat16), None)
+    got = triton_moe.routed_experts(x, (w, sc), down, ids, rw)
+    act1 = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, glu=True)
+    assert torch.equal(got, triton_moe.moe_grouped(act1, *down, ids, x_per_pair=True, route_w=rw))
+    before = triton_moe.routed_experts(x, (w, sc), down, ids, rw, glu=False)
+    assert _rel(got, before.double()) < 1e-2
+    with pytest.raises(ValueError, match="glu"):
+        triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, glu=True)
 
 
 def _dequantized(q: Fp8Tensor) -> torch.Tensor:
