@@ -358,7 +358,9 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
     """Routed experts ``(h, ids, weights, gate_up, down) -> [T*k, H]``, one row per (token,
     expert) pair with its routing weight applied (the step sums them), the same kernels
     for both precisions. ``grouped``: each hit expert read once for all its tokens, SiLU *
-    up fused into the down projection's load and the routing weight into its epilogue
+    up prepared by a launch of its own at 2+ tokens and written by the gate/up projection at
+    one (fused into the down projection's load with ``+fused`` / ``+noglu``), the routing
+    weight in the down projection's epilogue
     (with a ``+shared`` variant the shared expert comes as one more expert that every
     token picks: :func:`step`); ``pair``: one GEMV per (token, expert) pair (the earlier
     kernel)."""
