@@ -387,7 +387,7 @@ def moe_fn(variant: str, kind: str) -> MoeFn:
             ids,
             tw,
             split=False if fused else None,
-            h_fp8=None if rows is None else tuple(rows),
+            h_fp8=rows,
             glu=glu,
         )
 

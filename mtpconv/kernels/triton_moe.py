@@ -346,9 +346,10 @@ def routed_experts(
     [E] or None)``, both FP8 or both BF16. ``h_fp8``: ``h``'s rows in FP8 with one scale each,
     as :func:`mtpconv.kernels.triton_quant.quant_per_token` gives them, from the launch that
     wrote ``h`` (FP8 experts with ``split``: the gate/up projection reads them instead of
-    quantizing ``h`` itself). ``glu`` (the default at one token): the gate/up projection
-    writes SiLU(gate) * up itself (``moe_grouped(glu=True)``), so the down projection reads
-    it as it is, where otherwise each of its programs recomputes it from gate and up.
+    quantizing ``h`` itself). ``glu`` (the default at one token; without ``split`` only):
+    the gate/up projection writes SiLU(gate) * up itself (``moe_grouped(glu=True)``), so the
+    down projection reads it as it is, where otherwise each of its programs recomputes it
+    from gate and up.
     Measured in the drafter step on the H200 (``bench_draft.py --variants
     bf16,bf16+noglu,auto,auto+noglu``, fifteenth session, two runs): 397B at one token
     236.8 / 237.2 us against 243.2 / 242.8 with BF16 experts, 132.1 / 132.4 against 133.6 /
