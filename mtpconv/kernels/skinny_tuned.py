@@ -22,7 +22,7 @@ TUNED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, int, bool
     (1, 2048, 4096): (False, 2, 1024, 4, 3, 4, 0, False, True),  # Qwen3.5-397B shared_gate_up, 1.78 TB/s
     (1, 4096, 1024): (False, 4, 512, 4, 3, 8, 0, False, False),  # Qwen3.5-397B shared_down, 1.26 TB/s
     (1, 4096, 8192): (False, 8, 2048, 8, 3, 4, 0, False, True),  # Qwen3.5-397B fc, 3.06 TB/s
-    (1, 5120, 6144): (False, 8, 1024, 4, 3, 4, 0, False, True),  # Qwen3.5-27B o, 3.11 TB/s
+    (1, 5120, 6144): (False, 4, 1024, 4, 3, 4, 0, False, True),  # Qwen3.5-27B o, 3.33 TB/s (FIRST_AHEAD)
     (1, 5120, 10240): (False, 8, 2048, 8, 3, 4, 0, False, True),  # Qwen3.5-27B fc, 3.43 TB/s
     (1, 5120, 17408): (False, 8, 1024, 4, 3, 4, 0, False, True),  # Qwen3.5-27B down, 3.60 TB/s (ONE_PIECE)
     (1, 9216, 2048): (False, 8, 1024, 4, 3, 16, 0, False, True),  # Qwen3-Next-80B qkv, 2.74 TB/s (8th)
@@ -70,6 +70,16 @@ TUNED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, int, bool
 # --sweep-models qwen3.5-27b --sweep-tokens 1 --tokens 1``; docs/BENCHMARKS.md): 27B's down
 # 24.8 us against 28.0 with the entry before; on its other linears one piece was within 0.4 us.
 ONE_PIECE: frozenset[tuple[int, int, int]] = frozenset({(1, 5120, 17408)})
+
+# Entries of TUNED whose narrow GEMV loads its first K step's weight tile before the PDL wait
+# (``Config.first_ahead``): that tile is on its way while the kernel before ends. Sixteenth
+# session (``scripts/sweep_gemv_first.py --n 5120 --k 6144 --modes late``; docs/BENCHMARKS.md):
+# 27B's o read at 3.33 TB/s with 4-row tiles and the tile ahead, against 3.20 with 8-row tiles
+# (the entry before) and 3.26 with 8-row tiles and the tile ahead; two tiles ahead, 3.27-3.29.
+# On the other one-token GEMV shapes the tile ahead moved a linear alone by -12% to +7%
+# (``scripts/bench_gemv_ahead.py --tokens 1,4``) and no drafter step by more than its spread
+# (``bench_draft.py --variants bf16,auto,...`` with every GEMV so launched), so only o takes it.
+FIRST_AHEAD: dict[tuple[int, int, int], int] = {(1, 5120, 6144): 1}
 
 # FP8 activations prepared before the launch (``skinny_linear(x_scale=...)``, ``mma`` 3), each
 # tile's K range in one program (``triton_skinny.prepared_config``): the best of

@@ -13,6 +13,10 @@ so that nothing but weight loads and arithmetic sits in the K loop:
 * up to 4 tokens: each weight tile, widened once, meets every token's row (one
   accumulator per token), so the weights are read once for all of them.
 
+With ``FIRST_AHEAD`` (``Config.first_ahead``, per tuned shape) the first one or two K
+steps' weight tiles are loaded before the PDL wait: no kernel writes weights, so they are
+on their way while the kernel before ends.
+
 Split-K, the scale layouts and the epilogue are the skinny GEMM's
 (:func:`mtpconv.kernels.triton_tile.finish_tile`).
 """
@@ -44,6 +48,26 @@ def _dot8(wf, xv, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _accumulate(
+    w, x_ptrs, stride_xm, row0, M, mask_k, acc0, acc1, acc2, acc3, s_ptr, offs_n, mask_n, k_at, stride_sn,
+    SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """One K step: the weight tile ``w`` (as loaded) against each token's activations."""
+    wf = w.to(tl.float32)
+    if SCALE == 2:
+        sb = tl.load(s_ptr + (offs_n // 128) * stride_sn + k_at // 128, mask=mask_n, other=0.0)
+        wf = wf * sb[:, None]
+    acc0 += _dot8(wf, _row(x_ptrs, row0 < M, mask_k, EVEN_K), BLOCK_N, BLOCK_K)
+    if BLOCK_M > 1:
+        acc1 += _dot8(wf, _row(x_ptrs + stride_xm, row0 + 1 < M, mask_k, EVEN_K), BLOCK_N, BLOCK_K)
+    if BLOCK_M > 2:
+        acc2 += _dot8(wf, _row(x_ptrs + 2 * stride_xm, row0 + 2 < M, mask_k, EVEN_K), BLOCK_N, BLOCK_K)
+        acc3 += _dot8(wf, _row(x_ptrs + 3 * stride_xm, row0 + 3 < M, mask_k, EVEN_K), BLOCK_N, BLOCK_K)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def gemv_kernel(
     x_ptr,
     w_ptr,
@@ -69,6 +93,7 @@ def gemv_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     PDL: tl.constexpr,
+    FIRST_AHEAD: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -77,29 +102,44 @@ def gemv_kernel(
     offs_k = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_K), 8), 8)
     mask_n = offs_n < N
     k_start = pid_k * k_per_split
-    pdl_enter(PDL)
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_start + offs_k)[None, :]
     x_ptrs = x_ptr + row0 * stride_xm + k_start + offs_k
     acc0 = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
-    if BLOCK_M > 1:
-        acc1 = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
-    if BLOCK_M > 2:
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
-        acc3 = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
-    mask_k = offs_k < K  # replaced on every K step when K is uneven
-    for kk in range(0, k_per_split, BLOCK_K):
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    mask_k = (k_start + offs_k) < K  # replaced on every K step when K is uneven
+    if FIRST_AHEAD > 0:
+        # The first FIRST_AHEAD K steps' weight tiles are loaded before the PDL wait (no
+        # kernel writes weights), so that they are on their way while the previous kernel ends.
+        w = weight_tile(w_ptrs, mask_n, mask_k, EVEN_K)
+        if FIRST_AHEAD > 1:
+            mask_k1 = mask_k
+            if not EVEN_K:
+                mask_k1 = (k_start + BLOCK_K + offs_k) < K
+            w1 = weight_tile(w_ptrs + BLOCK_K, mask_n, mask_k1, EVEN_K)
+        pdl_enter(PDL)
+        acc0, acc1, acc2, acc3 = _accumulate(
+            w, x_ptrs, stride_xm, row0, M, mask_k, acc0, acc1, acc2, acc3, s_ptr, offs_n, mask_n, k_start,
+            stride_sn, SCALE, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+        )  # fmt: skip
+        if FIRST_AHEAD > 1:
+            acc0, acc1, acc2, acc3 = _accumulate(
+                w1, x_ptrs + BLOCK_K, stride_xm, row0, M, mask_k1, acc0, acc1, acc2, acc3, s_ptr, offs_n,
+                mask_n, k_start + BLOCK_K, stride_sn, SCALE, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+            )  # fmt: skip
+        w_ptrs += FIRST_AHEAD * BLOCK_K
+        x_ptrs += FIRST_AHEAD * BLOCK_K
+    else:
+        pdl_enter(PDL)
+    for kk in range(FIRST_AHEAD * BLOCK_K, k_per_split, BLOCK_K):
         if not EVEN_K:
             mask_k = (k_start + kk + offs_k) < K
-        wf = weight_tile(w_ptrs, mask_n, mask_k, EVEN_K).to(tl.float32)
-        if SCALE == 2:
-            sb = tl.load(s_ptr + (offs_n // 128) * stride_sn + (k_start + kk) // 128, mask=mask_n, other=0.0)
-            wf = wf * sb[:, None]
-        acc0 += _dot8(wf, _row(x_ptrs, row0 < M, mask_k, EVEN_K), BLOCK_N, BLOCK_K)
-        if BLOCK_M > 1:
-            acc1 += _dot8(wf, _row(x_ptrs + stride_xm, row0 + 1 < M, mask_k, EVEN_K), BLOCK_N, BLOCK_K)
-        if BLOCK_M > 2:
-            acc2 += _dot8(wf, _row(x_ptrs + 2 * stride_xm, row0 + 2 < M, mask_k, EVEN_K), BLOCK_N, BLOCK_K)
-            acc3 += _dot8(wf, _row(x_ptrs + 3 * stride_xm, row0 + 3 < M, mask_k, EVEN_K), BLOCK_N, BLOCK_K)
+        w = weight_tile(w_ptrs, mask_n, mask_k, EVEN_K)
+        acc0, acc1, acc2, acc3 = _accumulate(
+            w, x_ptrs, stride_xm, row0, M, mask_k, acc0, acc1, acc2, acc3, s_ptr, offs_n, mask_n,
+            k_start + kk, stride_sn, SCALE, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+        )  # fmt: skip
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     pdl_leave(PDL)

@@ -42,7 +42,7 @@ import triton.language as tl
 from mtpconv.kernels import pdl as pdl_setting
 from mtpconv.kernels import triton_gemv
 from mtpconv.kernels.reference import BLOCK, is_block_scale
-from mtpconv.kernels.skinny_tuned import ONE_PIECE, TUNED, TUNED_PREPARED, token_bucket
+from mtpconv.kernels.skinny_tuned import FIRST_AHEAD, ONE_PIECE, TUNED, TUNED_PREPARED, token_bucket
 from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, pdl_leave, weight_tile
 
 SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK = 0, 1, 2
@@ -180,6 +180,9 @@ class Config(NamedTuple):
     narrow: bool = False
     # K pieces a tile's K range is cut into; 0: the fewest that fill the waves (split_for)
     split: int = 0
+    # narrow GEMV: the K steps (of the program's first) whose weight tiles are loaded before
+    # the PDL wait
+    first_ahead: int = 0
 
 
 @functools.lru_cache(maxsize=8)
@@ -207,10 +210,11 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
     activations beyond 65504; the BF16 MMA was 1.5x slower); on other families' shapes it
     is up to 83% slower than the best (64 x 256 tiles by TMA won there on some shapes and
     lost on others: docs/BENCHMARKS.md)."""
-    bucket = token_bucket(m)
-    tuned = TUNED.get((bucket, n, k)) if bucket is not None else None
+    key = (token_bucket(m) or 0, n, k)  # 0: beyond the table
+    tuned = TUNED.get(key)
     if tuned is not None:
-        return _tabled(tuned, sms)._replace(split=1 if (bucket, n, k) in ONE_PIECE else 0)
+        ahead = FIRST_AHEAD.get(key, 0)
+        return _tabled(tuned, sms)._replace(split=1 if key in ONE_PIECE else 0, first_ahead=ahead)
     if m == 1:
         if k >= 4096:
             programs = 4 * sms  # one wave
@@ -380,7 +384,8 @@ def skinny_linear(
         **pdl_setting.launch(x.device),
     }
     if gemv:
-        triton_gemv.gemv_kernel[(n_tiles, n_split, m_tiles)](*args, *strides, **common)
+        first = min(cfg.first_ahead, k_per // block_k)
+        triton_gemv.gemv_kernel[(n_tiles, n_split, m_tiles)](*args, *strides, FIRST_AHEAD=first, **common)
         return out.reshape(*x.shape[:-1], n)
     tma = cfg.tma and block_k <= 256 and cfg.block_n <= 256 and k % 16 == 0 and w.is_contiguous()
     w_desc: object = w

@@ -374,6 +374,16 @@ def test_triton_weight_only_kernels_under_interpreter() -> None:
     assert "interpreted kernels ok" in done.stdout
 
 
+def test_tuned_27b_o_loads_its_first_tile_ahead() -> None:
+    """The one tuned shape that takes ``first_ahead`` (skinny_tuned.FIRST_AHEAD) gets it; others not."""
+    pytest.importorskip("triton")
+    from mtpconv.kernels import triton_skinny as ts
+
+    assert ts.default_config(1, 5120, 6144, 132).first_ahead == 1
+    assert ts.default_config(1, 5120, 10240, 132).first_ahead == 0
+    assert ts.default_config(4, 5120, 6144, 132).first_ahead == 0
+
+
 def test_grouped_moe_one_token_rule() -> None:
     """The grouped MoE kernel's measured one-token configurations (triton_moe.default_config)."""
     pytest.importorskip("triton")

@@ -292,6 +292,28 @@ def test_narrow_two_rows_matches_reference(m: int, n: int, k: int, layout: str) 
             assert float((y.double() - ref).abs().max()) <= 1e-2 * float(ref.abs().max()), cfg
 
 
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 5120, 6144), (2, 333, 4104), (4, 2048, 4096), (3, 40, 1000)])
+@pytest.mark.parametrize("layout", ["tensor", "row", "block"])
+def test_narrow_first_tiles_ahead_of_the_wait_change_nothing(m: int, n: int, k: int, layout: str) -> None:
+    """``first_ahead`` (one or two K steps' weight tiles loaded before the PDL wait) gives the
+    same output bit for bit as the plain K loop, with K even or not, split or not, and with a
+    K range shorter than the tiles asked ahead."""
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import triton_skinny as ts
+
+    x, w, s, b = _case(m, n, k, layout, bias=layout == "row")
+    ref = _ref(x, w, s, b)
+    for block_n, block_k, warps in ((4, 1024, 4), (8, 512, 2), (2, 2048, 8)):
+        for programs in (1, 1 << 20):
+            cfg = ts.Config(False, block_n, block_k, warps, 3, programs, narrow=True)
+            plain = ts.skinny_linear(x, w, s, b, config=cfg)
+            assert _rel(plain, ref) < 1e-2, (cfg, _rel(plain, ref))
+            for ahead in (1, 2):
+                y = ts.skinny_linear(x, w, s, b, config=cfg._replace(first_ahead=ahead))
+                assert torch.equal(y, plain), (cfg, ahead)
+
+
 def test_narrow_configuration_refuses_more_than_four_tokens() -> None:
     if not triton_available():
         pytest.skip("needs triton")
