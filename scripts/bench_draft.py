@@ -16,7 +16,7 @@ Usage (repo root, CUDA machine)::
 
 Writes OUTDIR/bench_draft.json and OUTDIR/bench_draft.md; prints the tables.
 A variant is an FP8 path, ``auto`` (each linear on the path ``fp8_linear`` picks for
-it) or ``bf16``, optionally with modifiers (``wo_skinny+late``, ``bf16+shared``): see
+it) or ``bf16``, optionally with modifiers (``wo_skinny+late``, ``bf16+noshared``): see
 :func:`variant_parts`.
 """
 
@@ -213,7 +213,7 @@ PrepareFn = Callable[[Linear, int], Prepared | None]  # what the producer of (we
 class Variant(NamedTuple):
     path: str  # an FP8 path, ``auto`` or ``bf16``
     env: dict[str, str]  # the environment of its kernels (none: the defaults)
-    shared: bool  # the shared expert inside the grouped MoE launches
+    shared: bool  # the shared expert inside the grouped MoE launches (the default)
     fused: bool  # the grouped MoE kernel prepares its inputs itself (the steps until the ninth session)
     noprep: bool  # dense linears always read BF16 rows (the steps until the tenth session)
     side: bool  # the shared expert on a side stream beside the routed ones (as vLLM runs it)
@@ -223,25 +223,31 @@ class Variant(NamedTuple):
 
 
 def variant_parts(variant: str) -> Variant:
-    """``path[+nopdl|+pdl|+late][+shared][+fused][+noprep][+side][+nomlp][+moerows][+noglu][+KEY=VALUE...]``:
-    the path (an FP8 path or ``bf16``), the environment of its kernels (none: the defaults),
-    whether the shared expert runs inside the grouped MoE launches, and who prepares the
-    experts' inputs. ``+pdl`` / ``+late`` launch the Triton kernels with programmatic dependent
-    launch, dependents let in after the wait / after the main loop; ``+nopdl`` without
-    (:mod:`mtpconv.kernels.pdl`); ``+shared``: see :func:`step`; ``+fused``: at 2+ tokens the
+    """``path[+nopdl|+pdl|+late][+noshared][+fused][+noprep][+side][+nomlp][+moerows][+noglu]``
+    ``[+KEY=VALUE...]``: the path (an FP8 path or ``bf16``), the environment of its kernels
+    (none: the defaults), whether the shared expert runs inside the grouped MoE launches, and
+    who prepares the experts' inputs. ``+pdl`` / ``+late`` launch the Triton kernels with
+    programmatic dependent launch, dependents let in after the wait / after the main loop;
+    ``+nopdl`` without
+    (:mod:`mtpconv.kernels.pdl`). By default (since the seventeenth session, both precisions) a
+    MoE step's shared expert is one more expert of the grouped MoE launches, which every token
+    picks with its sigmoid gate as the routing weight (``fuse_shared`` of :func:`step`);
+    ``+noshared``: the shared expert in launches of its own after the routed ones (the steps
+    until the sixteenth session; ``+shared`` names the default). ``+fused``: at 2+ tokens the
     grouped kernel applies SiLU * up itself and FP8 experts quantize each token's K tile in
     registers (the steps until the ninth session), where by default a launch of its own prepares
     each projection's input (``split`` of :func:`mtpconv.kernels.triton_moe.routed_experts`);
     ``+noprep``: the ``auto`` step's dense linears read BF16 rows (the steps until the tenth
     session), where by default the producer of an input hands it FP8 rows wherever
-    :func:`mtpconv.kernels.takes_prepared` says so (:func:`prepare_fn`); ``+side``: the shared
-    expert runs on a side stream beside the routed experts, as vLLM runs shared experts at up to
-    ``VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` (256) tokens, where by default it runs after
+    :func:`mtpconv.kernels.takes_prepared` says so (:func:`prepare_fn`). The next three concern
+    a shared expert in launches of its own and imply ``+noshared``: ``+side``: it runs on a side
+    stream beside the routed experts, as vLLM runs shared experts at up to
+    ``VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` (256) tokens, where otherwise it runs after
     them on the step's stream; ``+nomlp``: the ``auto`` step's shared expert takes three
-    launches (two linears and SiLU * up) at 1-4 tokens too, where by default
+    launches (two linears and SiLU * up) at 1-4 tokens too, where otherwise
     :func:`mtpconv.kernels.fp8_mlp` runs it in one where it can (:func:`mlp_fn`); ``+moerows``:
     at 2+ tokens the residual add that writes the routed experts' input also hands them its FP8
-    rows (``moe_rows`` of :func:`step`), where by default they quantize it themselves;
+    rows (``moe_rows`` of :func:`step`), where otherwise they quantize it themselves.
     ``+noglu``: at one token the routed down projection applies SiLU * up to the gate/up
     projection's output in every program (the steps until the fifteenth session), where by
     default the gate/up projection writes SiLU * up itself (``glu`` of
@@ -249,7 +255,8 @@ def variant_parts(variant: str) -> Variant:
     ``MTPCONV_KEY`` while the variant's graphs are captured."""
     base, *mods = variant.split("+")
     env: dict[str, str] = {}
-    shared = fused = noprep = side = nomlp = moe_rows = noglu = False
+    fused = noprep = side = nomlp = moe_rows = noglu = False
+    shared: bool | None = None  # None: the default, in the grouped launches
     for mod in mods:
         if mod == "nopdl":
             env[pdl.ENV] = "0"
@@ -257,8 +264,10 @@ def variant_parts(variant: str) -> Variant:
             env[pdl.ENV] = "1"
         elif mod == "late":
             env[pdl.ENV] = "late"
-        elif mod == "shared":
-            shared = True
+        elif mod in ("shared", "noshared"):
+            if shared is not None:
+                raise ValueError(f"+shared and +noshared both in {variant!r}")
+            shared = mod == "shared"
         elif mod == "fused":
             fused = True
         elif mod == "noprep":
@@ -276,7 +285,11 @@ def variant_parts(variant: str) -> Variant:
             env[f"MTPCONV_{key}"] = value
         else:
             raise ValueError(f"unknown variant modifier {mod!r} in {variant!r}")
-    return Variant(base, env, shared, fused, noprep, side, nomlp, moe_rows, noglu)
+    own_launches = side or nomlp or moe_rows  # modifiers of a shared expert in launches of its own
+    if shared and own_launches:
+        raise ValueError(f"{variant!r}: +side, +nomlp and +moerows need the shared expert's own launches")
+    in_grouped = not own_launches if shared is None else shared
+    return Variant(base, env, in_grouped, fused, noprep, side, nomlp, moe_rows, noglu)
 
 
 def is_bf16(variant: str) -> bool:
@@ -447,7 +460,7 @@ def step(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One drafter step; returns (logits, topk_ids or None). ``fuse_shared``: the shared
     expert's gate computed with the router and the expert itself in the grouped MoE
-    launches (the ``+shared`` variants), in both precisions. ``glue``, the same in both
+    launches (what the variants do unless ``+noshared``), in both precisions. ``glue``, the same in both
     precisions: ``fused`` routes with one top-k softmax kernel (as vLLM's
     ``topk_softmax``), takes SiLU * up in one kernel and adds the experts, the gated
     shared expert and the residual in one (:mod:`mtpconv.kernels.triton_glue`);
@@ -494,8 +507,11 @@ def step(
     qkv = lin(h, ws.qkv)
     attn = qkv[:, : s.o_in]  # stands in for attention output (same bytes, no KV cache)
     mlp_input = ws.gate_up if s.experts == 0 else ws.shared_gate_up
-    if s.experts and mlp is not None and one_launch_mlp(h, ws.shared_gate_up, ws.shared_down):
-        mlp_input = None  # the one-launch shared expert reads BF16 rows, whatever its linears' table
+    one_launch = mlp is not None and one_launch_mlp(h, ws.shared_gate_up, ws.shared_down)
+    if s.experts and (fuse_shared or one_launch):
+        # the grouped launches prepare their own input; the one-launch shared expert reads
+        # BF16 rows, whatever its linears' table
+        mlp_input = None
     o_out = lin(Fp8Rows(*triton_quant.quant_per_token(attn)) if fp8(ws.o) else attn.contiguous(), ws.o)
     h_rows: Fp8Rows | None = None  # h's FP8 rows for the routed experts, from the add that writes h
     if (
