@@ -43,18 +43,27 @@ TINY_MOE = bd.Shape("tiny-moe", 1024, 4096, 2048, 256, 1024, experts=64, top_k=4
                     moe_intermediate=256, shared_intermediate=256)  # fmt: skip
 
 
+def tiny_moe_step_inputs(
+    variant: str, tokens: int, seed: int
+) -> tuple[bd.WeightSet, torch.Tensor, torch.Tensor, bd.LinearFn, bd.MoeFn]:
+    """``(weights, emb, hid, linear_fn, moe_fn)`` of a TINY_MOE step on CUDA: weights from
+    ``seed``, inputs from ``tokens``."""
+    dev = torch.device("cuda")
+    ws = bd.build_weights(TINY_MOE, dev, seed=seed, head_full=None)
+    gen = torch.Generator(device=dev).manual_seed(tokens)
+    emb = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
+    hid = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
+    lin = bd.linear_fn(variant, torch.tensor(4.0 / 448.0, device=dev))
+    return ws, emb, hid, lin, bd.moe_fn(variant, "grouped")
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(), reason="needs CUDA and triton")
 @pytest.mark.parametrize("variant", ["bf16", "auto"])
 @pytest.mark.parametrize("tokens", [1, 4, 16])
 def test_shared_expert_beside_the_routed_ones_changes_no_bit(variant: str, tokens: int) -> None:
     dev = torch.device("cuda")
-    ws = bd.build_weights(TINY_MOE, dev, seed=3, head_full=None)
-    gen = torch.Generator(device=dev).manual_seed(tokens)
-    emb = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
-    hid = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
-    lin = bd.linear_fn(variant, torch.tensor(4.0 / 448.0, device=dev))
-    moe = bd.moe_fn(variant, "grouped")
+    ws, emb, hid, lin, moe = tiny_moe_step_inputs(variant, tokens, seed=3)
     prep = bd.prepare_fn(variant)
     mlp = bd.mlp_fn(variant)  # auto: the shared expert in one launch at 1-4 tokens (Hopper)
 
@@ -83,13 +92,7 @@ def test_shared_expert_beside_the_routed_ones_changes_no_bit(variant: str, token
 @pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(), reason="needs CUDA and triton")
 @pytest.mark.parametrize("tokens", [1, 4, 16])
 def test_shared_expert_in_one_launch_computes_what_three_do(tokens: int) -> None:
-    dev = torch.device("cuda")
-    ws = bd.build_weights(TINY_MOE, dev, seed=4, head_full=None)
-    gen = torch.Generator(device=dev).manual_seed(tokens)
-    emb = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
-    hid = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
-    lin = bd.linear_fn("auto", torch.tensor(4.0 / 448.0, device=dev))
-    moe = bd.moe_fn("auto", "grouped")
+    ws, emb, hid, lin, moe = tiny_moe_step_inputs("auto", tokens, seed=4)
     prep = bd.prepare_fn("auto")
     args = (TINY_MOE, ws, emb, hid, lin, moe, False, False, "fused", prep, False)
     one, ids = bd.step(*args, bd.mlp_fn("auto"))
@@ -106,13 +109,8 @@ def test_shared_expert_in_one_launch_computes_what_three_do(tokens: int) -> None
 def test_routed_experts_rows_from_the_residual_add_change_no_bit(tokens: int, mlp_variant: str) -> None:
     """``+moerows``: the add that writes h hands the routed experts its FP8 rows; they are bit
     for bit the rows the experts' own per-token quantization gives."""
-    dev = torch.device("cuda")
-    ws = bd.build_weights(TINY_MOE, dev, seed=5, head_full=None)
-    gen = torch.Generator(device=dev).manual_seed(tokens)
-    emb = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
-    hid = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
-    lin = bd.linear_fn("auto", torch.tensor(4.0 / 448.0, device=dev))
-    args = (TINY_MOE, ws, emb, hid, lin, bd.moe_fn("auto", "grouped"), False, False, "fused")
+    ws, emb, hid, lin, moe = tiny_moe_step_inputs("auto", tokens, seed=5)
+    args = (TINY_MOE, ws, emb, hid, lin, moe, False, False, "fused")
     rest = (bd.prepare_fn("auto"), False, bd.mlp_fn(mlp_variant))
     want, want_ids = bd.step(*args, *rest, bd.variant_parts("auto").moe_rows)
     got, ids = bd.step(*args, *rest, bd.variant_parts("auto+moerows").moe_rows)
@@ -127,13 +125,7 @@ def test_routed_experts_rows_from_the_residual_add_change_no_bit(tokens: int, ml
 def test_shared_expert_in_the_grouped_launches_computes_what_its_own_do(variant: str, tokens: int) -> None:
     """The default step: the shared expert as one more expert of the grouped launches, its
     sigmoid gate as the routing weight, against the shared expert in launches of its own."""
-    dev = torch.device("cuda")
-    ws = bd.build_weights(TINY_MOE, dev, seed=6, head_full=None)
-    gen = torch.Generator(device=dev).manual_seed(tokens)
-    emb = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
-    hid = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
-    lin = bd.linear_fn(variant, torch.tensor(4.0 / 448.0, device=dev))
-    moe = bd.moe_fn(variant, "grouped")
+    ws, emb, hid, lin, moe = tiny_moe_step_inputs(variant, tokens, seed=6)
     assert bd.variant_parts(variant).shared
     rest = ("fused", bd.prepare_fn(variant), False, bd.mlp_fn(variant))
     inside, ids = bd.step(TINY_MOE, ws, emb, hid, lin, moe, False, True, *rest)
