@@ -1,7 +1,8 @@
 """Drafter-step microbenchmark at real model shapes (CUDA): BF16 vs FP8 paths.
 
 One drafter step = ``mtp.fc`` + one MTP decoder layer's linears (fused qkv as
-vLLM builds it, o, dense MLP or MoE router + routed experts + shared expert)
+vLLM builds it, o, dense MLP or MoE router + routed experts + shared expert, the
+shared expert inside the routed experts' grouped launches unless ``+noshared``)
 + the draft head (full vocabulary or 32,768 rows). Attention math, norms and
 rotary are left out: they are the same in every variant and do not touch the
 weights. Weights are random (std 0.02) and quantized with the tool's own
