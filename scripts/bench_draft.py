@@ -229,10 +229,10 @@ def variant_parts(variant: str) -> Variant:
     (none: the defaults), whether the shared expert runs inside the grouped MoE launches, and
     who prepares the experts' inputs. ``+pdl`` / ``+late`` launch the Triton kernels with
     programmatic dependent launch, dependents let in after the wait / after the main loop;
-    ``+nopdl`` without
-    (:mod:`mtpconv.kernels.pdl`). By default (since the seventeenth session, both precisions) a
-    MoE step's shared expert is one more expert of the grouped MoE launches, which every token
-    picks with its sigmoid gate as the routing weight (``fuse_shared`` of :func:`step`);
+    ``+nopdl`` without (:mod:`mtpconv.kernels.pdl`). By default (since the seventeenth session,
+    both precisions) a MoE step's shared expert is one more expert of the grouped MoE launches,
+    which every token picks with its sigmoid gate as the routing weight (``fuse_shared`` of
+    :func:`step`);
     ``+noshared``: the shared expert in launches of its own after the routed ones (the steps
     until the sixteenth session; ``+shared`` names the default). ``+fused``: at 2+ tokens the
     grouped kernel applies SiLU * up itself and FP8 experts quantize each token's K tile in
@@ -508,8 +508,9 @@ def step(
     qkv = lin(h, ws.qkv)
     attn = qkv[:, : s.o_in]  # stands in for attention output (same bytes, no KV cache)
     mlp_input = ws.gate_up if s.experts == 0 else ws.shared_gate_up
-    one_launch = mlp is not None and one_launch_mlp(h, ws.shared_gate_up, ws.shared_down)
-    if s.experts and (fuse_shared or one_launch):
+    if s.experts and (
+        fuse_shared or (mlp is not None and one_launch_mlp(h, ws.shared_gate_up, ws.shared_down))
+    ):
         # the grouped launches prepare their own input; the one-launch shared expert reads
         # BF16 rows, whatever its linears' table
         mlp_input = None
