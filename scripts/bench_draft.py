@@ -1241,16 +1241,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     global TIMING
     TIMING = args.timing
+    variants = args.variants.split(",")
+    for v in variants:  # fail early on a typo, before any output
+        try:
+            path = variant_parts(v).path
+            if path not in ("bf16", AUTO):
+                Fp8Path(path)
+        except ValueError as exc:
+            ap.error(f"--variants: {exc}")
     if not torch.cuda.is_available():
         print("bench_draft needs a CUDA device", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     tokens = [int(t) for t in args.tokens.split(",")]
-    variants = args.variants.split(",")
-    for v in fp8_variants(variants):
-        if not is_bf16(v) and variant_parts(v)[0] != AUTO:
-            Fp8Path(variant_parts(v)[0])  # fail early on a typo
     meta = {
         "device": torch.cuda.get_device_name(dev),
         "capability": list(torch.cuda.get_device_capability(dev)),

@@ -38,6 +38,18 @@ def test_variant_modifiers() -> None:
     assert bd.mlp_fn("auto+nomlp") is None and bd.mlp_fn("bf16") is None and bd.mlp_fn("wo_skinny") is None
 
 
+@pytest.mark.parametrize("variant", ["auto+shared+side", "bf16+sideways", "no_such_path"])
+def test_bad_variants_end_in_a_usage_error_before_any_output(
+    variant: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        bd.main(["--out", str(out), "--variants", f"bf16,{variant}"])
+    assert exc.value.code == 2
+    assert "--variants: " in capsys.readouterr().err
+    assert not out.exists()
+
+
 # A small MoE drafter: the step's kernels at sizes that build in a moment.
 TINY_MOE = bd.Shape("tiny-moe", 1024, 4096, 2048, 256, 1024, experts=64, top_k=4,
                     moe_intermediate=256, shared_intermediate=256)  # fmt: skip
