@@ -1,6 +1,8 @@
-"""Per-thread SASS instruction counts of the one-launch shared-expert kernel, compiled offline.
+"""Per-thread SASS instruction counts of the one-launch shared-expert kernel and of the grouped
+MoE kernel at one token, compiled offline.
 
-No GPU needed: the kernel (``mtpconv.kernels.triton_mlp._mlp_kernel``) is compiled for sm_90
+No GPU needed: the kernels (``mtpconv.kernels.triton_mlp._mlp_kernel``,
+``mtpconv.kernels.triton_moe._moe_grouped_kernel``) are compiled for sm_90
 with whatever Triton is importable (use the H200's, 3.6.0, in a venv of its own), with the
 16-divisibility that Triton's launcher gives aligned pointers, strides and sizes, and
 disassembled with the ``nvdisasm`` that Triton ships. The kernel is straight-line code
@@ -11,7 +13,10 @@ disassembled with the ``nvdisasm`` that Triton ships. The kernel is straight-lin
         /tmp/t36/bin/python scripts/sass_counts.py
 
 Prints, for 1, 2 and 4 tokens and each phase (both, gate/up only), the instruction count and
-the opcodes that matter: FP32 arithmetic, conversions, shuffles, global loads, spills.
+the opcodes that matter: FP32 arithmetic, conversions, shuffles, global loads, spills. Then, for
+Qwen3.5-397B's routed experts at one token (FP8, the configurations ``moe_tuned`` gives), the
+count and the index of the first weight load, with and without the routing checks
+(``ONE_TOKEN``).
 """
 
 from __future__ import annotations
@@ -20,18 +25,44 @@ import os
 import re
 import subprocess
 import tempfile
+from typing import Any
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from mtpconv.kernels import triton_mlp
+from mtpconv.kernels import triton_mlp, triton_moe
 
 ARGS = ["x_ptr", "gu_ptr", "gs_ptr", "dn_ptr", "ds_ptr", "act_ptr", "cnt_ptr", "o_ptr", "M", "H", "NI",
         "stride_xm", "stride_om"]  # fmt: skip
 TYPES = ["*bf16", "*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", "*fp32", "*i64", "*bf16", "i32", "i32", "i32",
          "i32", "i32"]  # fmt: skip
 OPS = ("FFMA", "FMUL", "FADD", "HADD2", "F2FP", "SHFL", "LDG", "STL", "LDL")
+
+
+def sass(
+    fn: Any,
+    args: list[str],
+    types: list[str],
+    const: dict[str, Any],
+    unaligned: set[str],
+    options: dict[str, int],
+) -> list[str]:
+    """The SASS instructions of ``fn`` compiled for sm_90, with the 16-divisibility Triton's
+    launcher gives every argument but ``unaligned``."""
+    signature = dict(zip(args, types, strict=True)) | {k: "constexpr" for k in const}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(args) if name not in unaligned}
+    kernel = triton.compile(
+        ASTSource(fn=fn, signature=signature, constexprs=const, attrs=attrs),
+        target=GPUTarget("cuda", 90, 32),
+        options=options,
+    )
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    text = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    os.unlink(f.name)
+    return [ln for ln in text.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", ln)]
 
 
 def counts(tokens: int, phase: int, per_sm: int) -> tuple[int, dict[str, int]]:
@@ -41,25 +72,38 @@ def counts(tokens: int, phase: int, per_sm: int) -> tuple[int, dict[str, int]]:
         "I_PAD": 1024, "PROGRAMS": 132 * per_sm, "PHASE": phase, "UNROLL": 4, "EVEN_H": True, "PDL": True,
         "ACT_FIRST": True,
     }  # fmt: skip
-    signature = dict(zip(ARGS, TYPES, strict=True)) | {k: "constexpr" for k in const}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(ARGS) if name != "M"}
-    kernel = triton.compile(
-        ASTSource(fn=triton_mlp._mlp_kernel, signature=signature, constexprs=const, attrs=attrs),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": 4, "maxnreg": min(255, 65536 // (per_sm * 4 * 32)) // 8 * 8},
-    )
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(kernel.asm["cubin"])
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    os.unlink(f.name)
-    lines = [ln for ln in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", ln)]
+    options = {"num_warps": 4, "maxnreg": min(255, 65536 // (per_sm * 4 * 32)) // 8 * 8}
+    lines = sass(triton_mlp._mlp_kernel, ARGS, TYPES, const, {"M"}, options)
     ops: dict[str, int] = {}
     for ln in lines:
         m = re.search(r"\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_]+)", ln)
         if m:
             ops[m.group(2)] = ops.get(m.group(2), 0) + 1
     return len(lines), {op: ops.get(op, 0) for op in OPS}
+
+
+MOE_ARGS = ["x_ptr", "w_ptr", "s_ptr", "ids_ptr", "rw_ptr", "xs_ptr", "o_ptr", "N", "K", "TOPK", "PAIRS",
+            "stride_xm", "stride_we", "stride_wn", "stride_om"]  # fmt: skip
+MOE_TYPES = ["*bf16", "*fp8e4nv", "*fp32", "*i64", "*bf16", "*fp32", "*bf16", "i32", "i32", "i32", "i32",
+             "i32", "i32", "i32", "i32"]  # fmt: skip
+
+
+def moe_counts(down: bool, one_token: bool) -> tuple[int, int]:
+    """397B's FP8 routed experts at one token (10 routed + the shared expert: 11 pairs): the
+    down projection (K 1024, route weights) or gate/up with SiLU * up (K 4096, ``glu``), as
+    ``moe_grouped`` launches them; (instructions, index of the first weight load)."""
+    k = 1024 if down else 4096
+    block_n, block_k, warps, stages, _ = triton_moe.default_config(1, 4096 if down else 2048, k, True)
+    const = {
+        "X_PER_PAIR": down, "ACT": False, "HAS_SCALE": True, "HAS_RW": down, "PAIRS_PAD": 16, "BLOCK_M": 1,
+        "BLOCK_N": block_n, "BLOCK_K": block_k, "EVEN_K": True, "DOT": False, "FP8_MMA": False,
+        "PDL": 2, "NARROW": True, "X_SCALE": False, "GLU": not down, "ONE_TOKEN": one_token,
+    }  # fmt: skip
+    unaligned = {"TOPK", "PAIRS"}
+    options = {"num_warps": warps, "num_stages": stages}
+    lines = sass(triton_moe._moe_grouped_kernel, MOE_ARGS, MOE_TYPES, const, unaligned, options)
+    first = next(i for i, ln in enumerate(lines) if "LDG.E.EF" in ln)  # weights load evict-first
+    return len(lines), first
 
 
 def main() -> None:
@@ -71,6 +115,15 @@ def main() -> None:
             print(
                 f"{tokens} token(s), {name:7}: {total:5} instructions; "
                 + ", ".join(f"{k} {v}" for k, v in ops.items())
+            )
+    for down in (False, True):
+        for one_token in (False, True):
+            total, first = moe_counts(down, one_token)
+            name = "down" if down else "gate/up"
+            checks = "without" if one_token else "with"
+            print(
+                f"MoE one token, {name:7} {checks:7} routing checks: {total:4} instructions, "
+                f"first weight load {first}"
             )
 
 

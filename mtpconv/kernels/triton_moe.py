@@ -2,9 +2,10 @@
 
 * ``moe_grouped``: one program per (output tile, hit expert) reads that
   expert's weight tile ONCE for all the tokens routed to it (up to 64 tokens
-  per expert with ``tl.dot``); no sort and no host sync: each program finds
-  whether it is its expert's first (token, expert) pair among all pairs and
-  gathers the expert's tokens itself. Optionally fuses SiLU(gate) * up into
+  per expert with ``tl.dot``); no sort and no host sync: at 2+ tokens each program
+  finds whether it is its expert's first (token, expert) pair among all pairs and
+  gathers the expert's tokens itself; at one token each pair serves itself
+  (``MTPCONV_MOE_PAIR_CHECKS=1``: as at 2+ tokens). Optionally fuses SiLU(gate) * up into
   the load of the down projection's input and the routing weight into the
   epilogue, or SiLU(gate) * up into the gate/up projection's epilogue (``glu``).
   Weights ``[E, N, K]``: FP8 with one scale per expert, or BF16. FP8 experts also
@@ -25,6 +26,8 @@
 # mypy: disable-error-code="untyped-decorator,no-untyped-def,misc"
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -72,6 +75,7 @@ def _moe_grouped_kernel(
     NARROW: tl.constexpr,
     X_SCALE: tl.constexpr,
     GLU: tl.constexpr,
+    ONE_TOKEN: tl.constexpr,
 ):
     # DOT=False (one token per expert at most, BLOCK_M == 1): FMA on CUDA cores with a
     # 2-D accumulator reduced once at the end, as the skinny GEMM does at one token.
@@ -83,20 +87,28 @@ def _moe_grouped_kernel(
     # (xs_ptr, applied in the epilogue), so the MMA takes it as it is and accumulates in place.
     # GLU: the experts are [gate; up] (N = 2I): a tile holds BLOCK_N // 2 gate rows and the
     # up rows of the same columns, interleaved, and the output is SiLU(gate) * up ([pairs, I]).
+    # ONE_TOKEN: the launch has one token, so no other pair shares this pair's expert: it
+    # serves itself, without reading the other pairs' ids (the routing checks).
     pid_n = tl.program_id(0)
     pair = tl.program_id(1)
     pdl_enter(PDL)  # the ids and activations may come from the previous kernel
     expert = tl.load(ids_ptr + pair)
-    offs_p = tl.arange(0, PAIRS_PAD)
-    all_ids = tl.load(ids_ptr + offs_p, mask=offs_p < PAIRS, other=-1)
-    same = all_ids == expert
-    earlier = tl.sum((same & (offs_p < pair)).to(tl.int32), axis=0)
+    if ONE_TOKEN:  # each pair is its own token's only pair with its expert: it serves itself
+        earlier = 0
+        slot_pair = tl.full((BLOCK_M,), pair, tl.int32)
+        valid = tl.full((BLOCK_M,), 1, tl.int1)
+    else:
+        offs_p = tl.arange(0, PAIRS_PAD)
+        all_ids = tl.load(ids_ptr + offs_p, mask=offs_p < PAIRS, other=-1)
+        same = all_ids == expert
+        earlier = tl.sum((same & (offs_p < pair)).to(tl.int32), axis=0)
     if earlier == 0:  # this pair is its expert's first: it serves all of the expert's tokens
-        pos = tl.cumsum(same.to(tl.int32), axis=0) - 1
-        slots = tl.arange(0, BLOCK_M)
-        hit = same[None, :] & (pos[None, :] == slots[:, None])
-        slot_pair = tl.sum(tl.where(hit, offs_p[None, :], 0), axis=1)
-        valid = slots < tl.sum(same.to(tl.int32), axis=0)
+        if not ONE_TOKEN:
+            pos = tl.cumsum(same.to(tl.int32), axis=0) - 1
+            slots = tl.arange(0, BLOCK_M)
+            hit = same[None, :] & (pos[None, :] == slots[:, None])
+            slot_pair = tl.sum(tl.where(hit, offs_p[None, :], 0), axis=1)
+            valid = slots < tl.sum(same.to(tl.int32), axis=0)
         if X_PER_PAIR:  # noqa: SIM108 - constexpr branch, kept as a statement for Triton
             rows = slot_pair
         else:
@@ -183,6 +195,8 @@ def _moe_grouped_kernel(
 
 
 GROUPED_MAX_TOKENS = 64  # tokens per launch the grouped kernel takes (one tile of tl.dot)
+# "1": one-token launches check the other pairs too (the kernel until the eighteenth session)
+PAIR_CHECKS_ENV = "MTPCONV_MOE_PAIR_CHECKS"
 
 
 def moe_grouped(
@@ -287,6 +301,7 @@ def moe_grouped(
         NARROW=mode == FMA_NARROW and not dot,
         X_SCALE=fp8_x,
         GLU=glu,
+        ONE_TOKEN=t == 1 and os.environ.get(PAIR_CHECKS_ENV) != "1",
         num_warps=warps,
         num_stages=stages,
         **pdl_setting.launch(x.device),

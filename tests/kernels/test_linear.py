@@ -359,6 +359,24 @@ _INTERPRETED = textwrap.dedent(
     act = torch.nn.functional.silu(xp[:, :k].double()) * xp[:, k:].double()
     ref = torch.stack([act[p] @ deq[flat[p]].t() * rw.reshape(-1)[p].double() for p in range(t * top)])
     assert rel(out, ref) < 1e-2
+    # one token (the narrow-load FMA): each pair serves itself, bit for bit what the routing
+    # checks of 2+ tokens give (MTPCONV_MOE_PAIR_CHECKS=1)
+    import os
+    x1 = torch.randn(1, 1024, generator=g).to(torch.bfloat16)
+    q = quantize_fp8(torch.randn(e, n, 1024, generator=g))
+    deq = q.weight.double() * q.scale.double()[:, None, None]
+    ids1 = torch.randperm(e, generator=g)[:top].reshape(1, top)
+    for glu in (False, True):
+        out = tm.moe_grouped(x1, q.weight, q.scale, ids1, x_per_pair=False, glu=glu,
+                             config=(8, 512, 2, 3, tm.FMA_NARROW))
+        y = torch.stack([x1[0].double() @ deq[i].t() for i in ids1[0]])
+        ref = torch.nn.functional.silu(y[:, : n // 2]) * y[:, n // 2 :] if glu else y
+        assert rel(out, ref) < 1e-2, glu
+        os.environ[tm.PAIR_CHECKS_ENV] = "1"
+        checked = tm.moe_grouped(x1, q.weight, q.scale, ids1, x_per_pair=False, glu=glu,
+                                 config=(8, 512, 2, 3, tm.FMA_NARROW))
+        del os.environ[tm.PAIR_CHECKS_ENV]
+        assert torch.equal(out, checked), glu
     print("interpreted kernels ok")
     """
 )

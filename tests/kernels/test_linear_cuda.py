@@ -369,11 +369,14 @@ def test_grouped_moe_matches_reference(tokens: int, fp8: bool) -> None:
 
 @pytest.mark.parametrize("fp8", [True, False])
 @pytest.mark.parametrize("k", [256, 200, 1024])
-def test_grouped_moe_one_token_fma_modes_match_reference(fp8: bool, k: int) -> None:
+def test_grouped_moe_one_token_fma_modes_match_reference(
+    fp8: bool, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One token: the FMA mode and the narrow-load FMA mode are weight-only (rel. L2 < 1e-2),
     for a K that is and one that is not a multiple of the tile, and for tiles wider than K;
     also with SiLU(gate) * up out of the epilogue (``glu``, N / 2 columns not a multiple of
-    the tile's), and ``routed_experts`` built on it."""
+    the tile's), and ``routed_experts`` built on it. Each pair serving itself gives, bit for
+    bit, what the routing checks of 2+ tokens give (``MTPCONV_MOE_PAIR_CHECKS=1``)."""
     if not triton_available():
         pytest.skip("needs triton")
     from mtpconv.kernels import triton_moe
@@ -400,12 +403,20 @@ def test_grouped_moe_one_token_fma_modes_match_reference(fp8: bool, k: int) -> N
         (8, 2048, 8, 3, triton_moe.FMA_NARROW),
         (8, 512, 2, 3, triton_moe.FMA_NARROW),  # the one-token default from K = 512
     ):
-        out = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, config=cfg)
-        assert _rel(out, ref) < 1e-2, cfg
-        out = triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, route_w=rw, config=cfg)
-        assert _rel(out, ref_act) < 1e-2, cfg
-        out = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, glu=True, config=cfg)
-        assert _rel(out, ref_glu) < 1e-2, cfg
+        outs = [
+            triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, config=cfg),
+            triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, route_w=rw, config=cfg),
+            triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, glu=True, config=cfg),
+        ]
+        for out, want in zip(outs, (ref, ref_act, ref_glu), strict=True):
+            assert _rel(out, want) < 1e-2, cfg
+        monkeypatch.setenv(triton_moe.PAIR_CHECKS_ENV, "1")
+        assert torch.equal(outs[0], triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, config=cfg))
+        checked = triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, route_w=rw, config=cfg)
+        assert torch.equal(outs[1], checked)
+        checked = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, glu=True, config=cfg)
+        assert torch.equal(outs[2], checked)
+        monkeypatch.delenv(triton_moe.PAIR_CHECKS_ENV)
     # routed_experts at one token: the gate/up projection writes SiLU * up (glu, the default)
     # and the down projection reads it; within one BF16 rounding of the form before
     dn = quantize_fp8(torch.randn(e, k, n // 2, generator=g) * 0.05)
