@@ -984,7 +984,10 @@ def time_grouped(
 def moe_one_token_configs(fp8: bool, k: int) -> list[tuple[int, int, int, int, int]]:
     """The grouped MoE kernel's swept configurations at one token, experts ``[E, N, k]``:
     the MMA with the fewest and most warps, the CUDA-core FMA, and the narrow-load FMA with
-    block_k = 256 x warps (no layout exchange in the K loop), 2-8 warps, up to ``k``."""
+    block_k = 256 x warps (no layout exchange in the K loop), 2-8 warps, up to ``k``; also
+    narrow-load tiles of 32-128 rows with K steps of 64-128 bytes, whose threads split the
+    rows more than K, so that each row's sum at the end takes fewer shuffles (24-32 a thread
+    against 41, compiled offline; eighteenth session)."""
     from mtpconv.kernels import triton_moe
 
     mma = triton_moe.DOT_FP8 if fp8 else triton_moe.DOT
@@ -995,6 +998,10 @@ def moe_one_token_configs(fp8: bool, k: int) -> list[tuple[int, int, int, int, i
         for warps in (2, 4, 8)
         for bn in (2, 4, 8, 16, 32)
         if 256 * warps <= k and bn * 256 * warps <= 32 * 1024
+    ]
+    out += [
+        (bn, bk, warps, 3, triton_moe.FMA_NARROW)
+        for bn, bk, warps in ((32, 128, 2), (64, 64, 2), (64, 128, 4))
     ]
     return out
 

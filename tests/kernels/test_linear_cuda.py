@@ -402,6 +402,7 @@ def test_grouped_moe_one_token_fma_modes_match_reference(
         (4, 1024, 4, 3, triton_moe.FMA_NARROW),
         (8, 2048, 8, 3, triton_moe.FMA_NARROW),
         (8, 512, 2, 3, triton_moe.FMA_NARROW),  # the one-token default from K = 512
+        (64, 64, 2, 3, triton_moe.FMA_NARROW),  # threads split rows more than K (swept since the 18th)
     ):
         outs = [
             triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, config=cfg),
