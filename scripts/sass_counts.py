@@ -15,8 +15,9 @@ disassembled with the ``nvdisasm`` that Triton ships. The kernel is straight-lin
 Prints, for 1, 2 and 4 tokens and each phase (both, gate/up only), the instruction count and
 the opcodes that matter: FP32 arithmetic, conversions, shuffles, global loads, spills. Then, for
 Qwen3.5-397B's routed experts at one token (FP8, the configurations ``moe_tuned`` gives), the
-count and the index of the first weight load, with and without the routing checks
-(``ONE_TOKEN``).
+count, the index of the first weight load and the shuffles, with and without the routing
+checks (``ONE_TOKEN``), and the down projection's counts with tiles whose threads split rows
+more than K.
 """
 
 from __future__ import annotations
@@ -88,12 +89,15 @@ MOE_TYPES = ["*bf16", "*fp8e4nv", "*fp32", "*i64", "*bf16", "*fp32", "*bf16", "i
              "i32", "i32", "i32", "i32"]  # fmt: skip
 
 
-def moe_counts(down: bool, one_token: bool) -> tuple[int, int]:
+def moe_counts(down: bool, one_token: bool, tile: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
     """397B's FP8 routed experts at one token (10 routed + the shared expert: 11 pairs): the
     down projection (K 1024, route weights) or gate/up with SiLU * up (K 4096, ``glu``), as
-    ``moe_grouped`` launches them; (instructions, index of the first weight load)."""
+    ``moe_grouped`` launches them, or with ``tile`` (BLOCK_N, BLOCK_K, warps); (instructions,
+    index of the first weight load, shuffles)."""
     k = 1024 if down else 4096
     block_n, block_k, warps, stages, _ = triton_moe.default_config(1, 4096 if down else 2048, k, True)
+    if tile is not None:
+        block_n, block_k, warps = tile
     const = {
         "X_PER_PAIR": down, "ACT": False, "HAS_SCALE": True, "HAS_RW": down, "PAIRS_PAD": 16, "BLOCK_M": 1,
         "BLOCK_N": block_n, "BLOCK_K": block_k, "EVEN_K": True, "DOT": False, "FP8_MMA": False,
@@ -103,7 +107,7 @@ def moe_counts(down: bool, one_token: bool) -> tuple[int, int]:
     options = {"num_warps": warps, "num_stages": stages}
     lines = sass(triton_moe._moe_grouped_kernel, MOE_ARGS, MOE_TYPES, const, unaligned, options)
     first = next(i for i, ln in enumerate(lines) if "LDG.E.EF" in ln)  # weights load evict-first
-    return len(lines), first
+    return len(lines), first, sum("SHFL" in ln for ln in lines)
 
 
 def main() -> None:
@@ -118,13 +122,17 @@ def main() -> None:
             )
     for down in (False, True):
         for one_token in (False, True):
-            total, first = moe_counts(down, one_token)
+            total, first, shuffles = moe_counts(down, one_token)
             name = "down" if down else "gate/up"
             checks = "without" if one_token else "with"
             print(
                 f"MoE one token, {name:7} {checks:7} routing checks: {total:4} instructions, "
-                f"first weight load {first}"
+                f"first weight load {first}, {shuffles} shuffles"
             )
+    for tile in ((32, 128, 2), (64, 64, 2), (64, 128, 4)):  # threads split rows more than K
+        total, first, shuffles = moe_counts(True, True, tile)
+        print(f"MoE one token, down, {tile[0]} x {tile[1]} tile, {tile[2]} warps: {total:4} instructions, "
+              f"{shuffles} shuffles")  # fmt: skip
 
 
 if __name__ == "__main__":
