@@ -240,15 +240,16 @@ def variant_parts(variant: str) -> Variant:
     each projection's input (``split`` of :func:`mtpconv.kernels.triton_moe.routed_experts`);
     ``+noprep``: the ``auto`` step's dense linears read BF16 rows (the steps until the tenth
     session), where by default the producer of an input hands it FP8 rows wherever
-    :func:`mtpconv.kernels.takes_prepared` says so (:func:`prepare_fn`). The next three concern
+    :func:`mtpconv.kernels.takes_prepared` says so (:func:`prepare_fn`). The next two concern
     a shared expert in launches of its own and imply ``+noshared``: ``+side``: it runs on a side
     stream beside the routed experts, as vLLM runs shared experts at up to
     ``VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` (256) tokens, where otherwise it runs after
     them on the step's stream; ``+nomlp``: the ``auto`` step's shared expert takes three
     launches (two linears and SiLU * up) at 1-4 tokens too, where otherwise
-    :func:`mtpconv.kernels.fp8_mlp` runs it in one where it can (:func:`mlp_fn`); ``+moerows``:
-    at 2+ tokens the residual add that writes the routed experts' input also hands them its FP8
-    rows (``moe_rows`` of :func:`step`), where otherwise they quantize it themselves.
+    :func:`mtpconv.kernels.fp8_mlp` runs it in one where it can (:func:`mlp_fn`). ``+moerows``:
+    at 2+ tokens the residual add that writes the routed experts' input (and the shared
+    expert's, inside the grouped launches) also hands them its FP8 rows (``moe_rows`` of
+    :func:`step`), where otherwise they quantize it themselves.
     ``+noglu``: at one token the routed down projection applies SiLU * up to the gate/up
     projection's output in every program (the steps until the fifteenth session), where by
     default the gate/up projection writes SiLU * up itself (``glu`` of
@@ -286,9 +287,9 @@ def variant_parts(variant: str) -> Variant:
             env[f"MTPCONV_{key}"] = value
         else:
             raise ValueError(f"unknown variant modifier {mod!r} in {variant!r}")
-    own_launches = side or nomlp or moe_rows  # modifiers of a shared expert in launches of its own
+    own_launches = side or nomlp  # modifiers of a shared expert in launches of its own
     if shared and own_launches:
-        raise ValueError(f"{variant!r}: +side, +nomlp and +moerows need the shared expert's own launches")
+        raise ValueError(f"{variant!r}: +side and +nomlp need the shared expert's own launches")
     in_grouped = not own_launches if shared is None else shared
     return Variant(base, env, in_grouped, fused, noprep, side, nomlp, moe_rows, noglu)
 
@@ -475,8 +476,8 @@ def step(
     ``side_shared`` the shared expert runs on a side stream beside the routed experts
     (:func:`beside`). ``mlp``: the shared expert on BF16 rows in one call (:func:`mlp_fn`).
     ``moe_rows`` (with ``fused`` glue, 2+ tokens): the residual add that writes the routed
-    experts' input also hands them its FP8 rows (``add_quant``), so that they quantize
-    nothing themselves."""
+    experts' input (and the shared expert's, with ``fuse_shared``) also hands them its FP8
+    rows (``add_quant``), so that they quantize nothing themselves."""
     fused = glue == "fused"
     if fused:
         from mtpconv.kernels import triton_glue, triton_moe, triton_quant, triton_quant_tensor
@@ -547,7 +548,7 @@ def step(
             ids = all_ids[:, : s.top_k]
             parts: tuple[torch.Tensor, ...]
             if fuse_shared:  # the shared expert as expert E
-                parts = (h, moe(h, all_ids, all_w, gu, dn, None))
+                parts = (h, moe(h, all_ids, all_w, gu, dn, h_rows))
             else:
                 sgu, sdn = ws.shared_gate_up, ws.shared_down
 
