@@ -404,19 +404,20 @@ def test_grouped_moe_one_token_fma_modes_match_reference(
         (8, 512, 2, 3, triton_moe.FMA_NARROW),  # the one-token default from K = 512
         (64, 64, 2, 3, triton_moe.FMA_NARROW),  # threads split rows more than K (swept since the 18th)
     ):
-        outs = [
-            triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, config=cfg),
-            triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, route_w=rw, config=cfg),
-            triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, glu=True, config=cfg),
-        ]
+
+        def run(cfg: tuple[int, int, int, int, int] = cfg) -> list[torch.Tensor]:
+            return [
+                triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, config=cfg),
+                triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, route_w=rw, config=cfg),
+                triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, glu=True, config=cfg),
+            ]
+
+        outs = run()
         for out, want in zip(outs, (ref, ref_act, ref_glu), strict=True):
             assert _rel(out, want) < 1e-2, cfg
         monkeypatch.setenv(triton_moe.PAIR_CHECKS_ENV, "1")
-        assert torch.equal(outs[0], triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, config=cfg))
-        checked = triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, route_w=rw, config=cfg)
-        assert torch.equal(outs[1], checked)
-        checked = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, glu=True, config=cfg)
-        assert torch.equal(outs[2], checked)
+        for out, checked in zip(outs, run(), strict=True):
+            assert torch.equal(out, checked), cfg
         monkeypatch.delenv(triton_moe.PAIR_CHECKS_ENV)
     # routed_experts at one token: the gate/up projection writes SiLU * up (glu, the default)
     # and the down projection reads it; within one BF16 rounding of the form before
