@@ -6,7 +6,9 @@ shared expert inside the routed experts' grouped launches unless ``+noshared``)
 + the draft head (full vocabulary or 32,768 rows). Attention math, norms and
 rotary are left out: they are the same in every variant and do not touch the
 weights. Weights are random (std 0.02) and quantized with the tool's own
-``mtpconv.formats.fp8.quantize_fp8``. Each variant is captured in a CUDA graph
+``mtpconv.formats.fp8.quantize_fp8``. Every variant's routed experts are those the BF16
+step picks for the same weights and tokens (:func:`bf16_routing`; ``+ownroute``: its own),
+so that the precisions compared read the same experts. Each variant is captured in a CUDA graph
 (several weight sets per graph so that nothing stays in L2) and timed over
 replays; the median is reported with the bytes the step must read and the
 achieved bandwidth against a measured device-to-device copy.
@@ -207,6 +209,16 @@ class Fp8Rows(NamedTuple):
     scale: torch.Tensor
 
 
+class Routing(NamedTuple):
+    """The experts a step's MoE launches take in place of the step's own top-k (its routing
+    kernel still runs, so the step makes the same launches): ``ids [T, top_k]``, and
+    ``with_shared [T, top_k + 1]``, the same with the shared expert's index appended, as the
+    grouped launches take them with the shared expert inside."""
+
+    ids: torch.Tensor
+    with_shared: torch.Tensor
+
+
 LinearFn = Callable[[Any, Linear], torch.Tensor]  # (BF16 rows or Fp8Rows, weight) -> BF16 rows
 PrepareFn = Callable[[Linear, int], Prepared | None]  # what the producer of (weight, tokens)'s input hands it
 
@@ -221,11 +233,12 @@ class Variant(NamedTuple):
     nomlp: bool  # the auto step's shared expert in three launches (the steps until the twelfth session)
     moe_rows: bool = False  # the routed experts' FP8 rows from the residual add (step's moe_rows)
     noglu: bool = False  # one token: the down projection applies SiLU * up (the steps until the 15th session)
+    own_route: bool = False  # the MoE takes the variant's own top-k (the steps until the 20th session)
 
 
 def variant_parts(variant: str) -> Variant:
     """``path[+nopdl|+pdl|+late][+noshared][+fused][+noprep][+side][+nomlp][+moerows][+noglu]``
-    ``[+KEY=VALUE...]``: the path (an FP8 path or ``bf16``), the environment of its kernels
+    ``[+ownroute][+KEY=VALUE...]``: the path (an FP8 path or ``bf16``), the environment of its kernels
     (none: the defaults), whether the shared expert runs inside the grouped MoE launches, and
     who prepares the experts' inputs. ``+pdl`` / ``+late`` launch the Triton kernels with
     programmatic dependent launch, dependents let in after the wait / after the main loop;
@@ -253,11 +266,14 @@ def variant_parts(variant: str) -> Variant:
     ``+noglu``: at one token the routed down projection applies SiLU * up to the gate/up
     projection's output in every program (the steps until the fifteenth session), where by
     default the gate/up projection writes SiLU * up itself (``glu`` of
-    :func:`mtpconv.kernels.triton_moe.routed_experts`); ``+KEY=VALUE`` sets the kernels' setting
-    ``MTPCONV_KEY`` while the variant's graphs are captured."""
+    :func:`mtpconv.kernels.triton_moe.routed_experts`); ``+ownroute``: the MoE launches take
+    the experts the variant's own routing kernel picks (the steps until the twentieth session),
+    where by default they take those the BF16 step picks for the same weights and tokens
+    (:func:`bf16_routing`), so that both precisions read the same experts; ``+KEY=VALUE`` sets
+    the kernels' setting ``MTPCONV_KEY`` while the variant's graphs are captured."""
     base, *mods = variant.split("+")
     env: dict[str, str] = {}
-    fused = noprep = side = nomlp = moe_rows = noglu = False
+    fused = noprep = side = nomlp = moe_rows = noglu = own_route = False
     shared: bool | None = None  # None: the default, in the grouped launches
     for mod in mods:
         if mod == "nopdl":
@@ -282,6 +298,8 @@ def variant_parts(variant: str) -> Variant:
             moe_rows = True
         elif mod == "noglu":
             noglu = True
+        elif mod == "ownroute":
+            own_route = True
         elif "=" in mod:  # KEY=VALUE: MTPCONV_KEY while the variant's graphs are captured
             key, value = mod.split("=", 1)
             env[f"MTPCONV_{key}"] = value
@@ -291,7 +309,7 @@ def variant_parts(variant: str) -> Variant:
     if shared and own_launches:
         raise ValueError(f"{variant!r}: +side and +nomlp need the shared expert's own launches")
     in_grouped = not own_launches if shared is None else shared
-    return Variant(base, env, in_grouped, fused, noprep, side, nomlp, moe_rows, noglu)
+    return Variant(base, env, in_grouped, fused, noprep, side, nomlp, moe_rows, noglu, own_route)
 
 
 def is_bf16(variant: str) -> bool:
@@ -459,6 +477,7 @@ def step(
     side_shared: bool = False,
     mlp: MlpFn | None = None,
     moe_rows: bool = False,
+    routing: Routing | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One drafter step; returns (logits, topk_ids or None). ``fuse_shared``: the shared
     expert's gate computed with the router and the expert itself in the grouped MoE
@@ -477,7 +496,8 @@ def step(
     (:func:`beside`). ``mlp``: the shared expert on BF16 rows in one call (:func:`mlp_fn`).
     ``moe_rows`` (with ``fused`` glue, 2+ tokens): the residual add that writes the routed
     experts' input (and the shared expert's, with ``fuse_shared``) also hands them its FP8
-    rows (``add_quant``), so that they quantize nothing themselves."""
+    rows (``add_quant``), so that they quantize nothing themselves. ``routing``: the experts
+    the MoE launches take, in place of those the step's routing picks (which still runs)."""
     fused = glue == "fused"
     if fused:
         from mtpconv.kernels import triton_glue, triton_moe, triton_quant, triton_quant_tensor
@@ -545,6 +565,8 @@ def step(
             all_ids, all_w, gate = triton_glue.topk_softmax(
                 logits, s.top_k, s.experts, weight_dtype=h.dtype, append_shared=fuse_shared
             )
+            if routing is not None:
+                all_ids = routing.with_shared if fuse_shared else routing.ids
             ids = all_ids[:, : s.top_k]
             parts: tuple[torch.Tensor, ...]
             if fuse_shared:  # the shared expert as expert E
@@ -577,6 +599,8 @@ def step(
             else:
                 probs = torch.softmax(F.linear(h, ws.router).float(), dim=-1)
             topw, ids = torch.topk(probs, s.top_k, dim=-1)
+            if routing is not None:
+                ids = routing.ids
             topw = topw / topw.sum(-1, keepdim=True)
             if fuse_shared:
                 all_ids = torch.cat((ids, torch.full_like(ids[:, :1], s.experts)), dim=-1)
@@ -589,6 +613,25 @@ def step(
             x = h
     logits = lin(x, head)
     return logits, ids
+
+
+def bf16_routing(
+    s: Shape, ws: WeightSet, emb: torch.Tensor, hid: torch.Tensor, glue: str = "fused"
+) -> Routing | None:
+    """The experts the BF16 step (the default ``bf16`` variant) picks for ``ws`` and these
+    tokens, which every variant's MoE launches take unless ``+ownroute``; None for a dense
+    drafter. With random weights, the hidden state an FP8 step routes on differs enough from
+    the BF16 one to change some picks, and with them how many distinct experts the step reads
+    (Qwen3.5-397B at 4 tokens: 38 in FP8 against 37 in BF16, every run of the eighteenth and
+    nineteenth sessions): the two steps would no longer do the same work."""
+    if not s.experts:
+        return None
+    with variant_env("bf16"):
+        _, ids = step(s, ws, emb, hid, linear_fn("bf16", emb.new_ones(())), moe_fn("bf16", "grouped"),
+                      False, variant_parts("bf16").shared, glue)  # fmt: skip
+    assert ids is not None
+    ids = ids.contiguous()
+    return Routing(ids, torch.cat((ids, torch.full_like(ids[:, :1], s.experts)), dim=1))
 
 
 def step_bytes(s: Shape, ws: WeightSet, variant: str, full_head: bool, distinct: int) -> int:
@@ -729,7 +772,10 @@ def bench_model(
         gen = torch.Generator(device=dev).manual_seed(t)
         emb = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
         hid = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
+        shared_routes = [bf16_routing(s, ws, emb, hid, glue) for ws in sets]
         for variant in variants:
+            own_route = variant_parts(variant).own_route
+            routes: list[Routing | None] = [None] * n_sets if own_route else shared_routes
             lin = linear_fn(variant, input_scale)
             moe = moe_fn(variant, moe_kind) if s.experts else None
             shared = variant_parts(variant).shared and s.experts > 0
@@ -739,9 +785,8 @@ def bench_model(
             mrows = variant_parts(variant).moe_rows
             for full_head in (True, False):
                 with variant_env(variant):
-                    _, ids = step(
-                        s, sets[0], emb, hid, lin, moe, full_head, shared, glue, prep, side, mlp, mrows
-                    )
+                    args = (lin, moe, full_head, shared, glue, prep, side, mlp, mrows)
+                    _, ids = step(s, sets[0], emb, hid, *args, routes[0])
                 distinct = int(ids.unique().numel()) if ids is not None else 0
 
                 def run(
@@ -756,9 +801,11 @@ def bench_model(
                     side: bool = side,
                     mlp: MlpFn | None = mlp,
                     mrows: bool = mrows,
+                    routes: list[Routing | None] = routes,
                 ) -> None:
-                    for ws in sets:
-                        step(s, ws, emb, hid, lin, moe, full_head, shared, glue, prep, side, mlp, mrows)
+                    for ws, route in zip(sets, routes, strict=True):
+                        step(s, ws, emb, hid, lin, moe, full_head, shared, glue, prep, side, mlp, mrows,
+                             route)  # fmt: skip
 
                 try:
                     with variant_env(variant):

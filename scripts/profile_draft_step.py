@@ -78,11 +78,13 @@ def report(
     side = bd.variant_parts(variant).side
     mlp = bd.mlp_fn(variant)
     mrows = bd.variant_parts(variant).moe_rows
+    # the experts the BF16 step picks, as bench_draft.py's steps take them (+ownroute: its own)
+    route = None if bd.variant_parts(variant).own_route else bd.bf16_routing(s, ws, emb, hid, glue)
 
     def run() -> None:
-        bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side, mlp, mrows)
+        bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side, mlp, mrows, route)
 
-    _, ids = bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side, mlp, mrows)
+    _, ids = bd.step(s, ws, emb, hid, lin, moe, False, shared, glue, prep, side, mlp, mrows, route)
     distinct = int(ids.unique().numel()) if ids is not None else 0
     nbytes = bd.step_bytes(s, ws, variant, False, distinct)
 

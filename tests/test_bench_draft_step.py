@@ -5,6 +5,8 @@ inside the grouped MoE launches (within rounding)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +36,7 @@ def test_variant_modifiers() -> None:
         bd.variant_parts("auto+sideways")
     assert bd.variant_parts("auto+nomlp").nomlp and not bd.variant_parts("auto").nomlp
     assert bd.variant_parts("auto+moerows").moe_rows and not bd.variant_parts("auto").moe_rows
+    assert bd.variant_parts("auto+ownroute").own_route and not bd.variant_parts("bf16").own_route
     assert bd.variant_parts("auto+late+FUSED_MLP=0").env == {pdl.ENV: "late", "MTPCONV_FUSED_MLP": "0"}
     assert bd.mlp_fn("auto") is not None
     assert bd.mlp_fn("auto+nomlp") is None and bd.mlp_fn("bf16") is None and bd.mlp_fn("wo_skinny") is None
@@ -154,3 +157,75 @@ def test_shared_expert_in_the_grouped_launches_computes_what_its_own_do(variant:
     # the grouped launches quantize h per token (W8A8) where the one-launch shared expert
     # reads BF16 rows; the W8A8 bound of the other FP8 tests.
     assert err < (1e-2 if variant == "bf16" else 6e-2)
+
+
+def check_every_variant_reads_the_bf16_routing(
+    shape: bd.Shape, dev: torch.device, variant: str, tokens: int, in_grouped: bool
+) -> None:
+    """By default each variant's MoE launches take the BF16 step's routing (``bf16_routing``):
+    the step reports those experts, handing a step its own routing changes no bit, and
+    another routing changes what it computes (the launches read the experts they are given)."""
+    ws = bd.build_weights(shape, dev, seed=7, head_full=None)
+    gen = torch.Generator(device=dev).manual_seed(tokens)
+    emb = torch.randn(tokens, shape.hidden, device=dev, generator=gen).to(torch.bfloat16)
+    hid = torch.randn(tokens, shape.hidden, device=dev, generator=gen).to(torch.bfloat16)
+    routing = bd.bf16_routing(shape, ws, emb, hid)
+    assert routing is not None and routing.ids.shape == (tokens, shape.top_k)
+    assert torch.equal(routing.with_shared[:, : shape.top_k], routing.ids)
+    assert bool((routing.with_shared[:, -1] == shape.experts).all())
+    bf16_lin, bf16_moe = bd.linear_fn("bf16", emb.new_ones(())), bd.moe_fn("bf16", "grouped")
+    _, bf16_ids = bd.step(shape, ws, emb, hid, bf16_lin, bf16_moe, False, True)
+    assert bf16_ids is not None and torch.equal(bf16_ids, routing.ids)
+
+    lin, moe = bd.linear_fn(variant, emb.new_ones(()) * (4.0 / 448.0)), bd.moe_fn(variant, "grouped")
+    rest = ("fused", bd.prepare_fn(variant), False, bd.mlp_fn(variant), False)
+
+    def run(route: bd.Routing | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return bd.step(shape, ws, emb, hid, lin, moe, False, in_grouped, *rest, route)
+
+    def routing_of(ids: torch.Tensor) -> bd.Routing:
+        return bd.Routing(ids, torch.cat((ids, torch.full_like(ids[:, :1], shape.experts)), dim=1))
+
+    own, own_ids = run(None)
+    assert own_ids is not None
+    own_ids = own_ids.contiguous()
+    again, again_ids = run(routing_of(own_ids))
+    assert torch.equal(again, own) and again_ids is not None and torch.equal(again_ids, own_ids)
+    _, ids = run(routing)
+    assert ids is not None and torch.equal(ids, routing.ids)
+    moved = (own_ids + 1) % shape.experts  # every pick moved to another expert
+    other, other_ids = run(routing_of(moved))
+    assert other_ids is not None and torch.equal(other_ids, moved) and not torch.equal(other, own)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not triton_available(), reason="needs CUDA and triton")
+@pytest.mark.parametrize("in_grouped", [True, False])
+@pytest.mark.parametrize("tokens", [1, 4, 16])
+def test_every_variant_reads_the_experts_the_bf16_step_picks(in_grouped: bool, tokens: int) -> None:
+    check_every_variant_reads_the_bf16_routing(TINY_MOE, torch.device("cuda"), "auto", tokens, in_grouped)
+
+
+# Under Triton's interpreter (CPU): one token, where the grouped kernel's BF16 modes are FMA
+# (the interpreter's BF16 tl.dot is wrong), at sizes it runs in seconds.
+_INTERPRETED_ROUTING = """
+import sys, torch
+sys.path[:0] = [{tests!r}, {scripts!r}]
+import bench_draft as bd
+from test_bench_draft_step import check_every_variant_reads_the_bf16_routing as check
+shape = bd.Shape("micro-moe", 256, 512, 256, 64, 256, experts=16, top_k=4, moe_intermediate=64,
+                 shared_intermediate=64)
+for in_grouped in (True, False):
+    check(shape, torch.device("cpu"), "bf16", 1, in_grouped)
+print("routing ok")
+"""
+
+
+def test_every_variant_reads_the_bf16_routing_under_the_interpreter() -> None:
+    pytest.importorskip("triton")
+    here = Path(__file__).resolve().parent
+    code = _INTERPRETED_ROUTING.format(tests=str(here), scripts=str(here.parent / "scripts"))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "routing ok" in done.stdout
