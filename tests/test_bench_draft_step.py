@@ -207,7 +207,10 @@ def test_every_variant_reads_the_experts_the_bf16_step_picks(in_grouped: bool, t
 
 
 # Under Triton's interpreter (CPU): one token, where the grouped kernel's BF16 modes are FMA
-# (the interpreter's BF16 tl.dot is wrong), at sizes it runs in seconds.
+# (the interpreter's BF16 tl.dot is wrong), at sizes it runs in seconds. Triton 3.9's
+# interpreter (this suite's) runs it; 3.6's, on the GPU machines, stops with "only
+# 0-dimensional arrays can be converted to Python scalars", as it does in
+# tests/kernels/test_linear.py's interpreted test.
 _INTERPRETED_ROUTING = """
 import sys, torch
 sys.path[:0] = [{tests!r}, {scripts!r}]
