@@ -218,6 +218,13 @@ class Routing(NamedTuple):
     ids: torch.Tensor
     with_shared: torch.Tensor
 
+    @classmethod
+    def of(cls, ids: torch.Tensor, experts: int) -> Routing:
+        """The routing of top-k ``ids`` of a drafter with ``experts`` routed experts (the
+        shared expert's index)."""
+        ids = ids.contiguous()
+        return cls(ids, torch.cat((ids, torch.full_like(ids[:, :1], experts)), dim=1))
+
 
 LinearFn = Callable[[Any, Linear], torch.Tensor]  # (BF16 rows or Fp8Rows, weight) -> BF16 rows
 PrepareFn = Callable[[Linear, int], Prepared | None]  # what the producer of (weight, tokens)'s input hands it
@@ -630,8 +637,7 @@ def bf16_routing(
         _, ids = step(s, ws, emb, hid, linear_fn("bf16", emb.new_ones(())), moe_fn("bf16", "grouped"),
                       False, variant_parts("bf16").shared, glue)  # fmt: skip
     assert ids is not None
-    ids = ids.contiguous()
-    return Routing(ids, torch.cat((ids, torch.full_like(ids[:, :1], s.experts)), dim=1))
+    return Routing.of(ids, s.experts)
 
 
 def step_bytes(s: Shape, ws: WeightSet, variant: str, full_head: bool, distinct: int) -> int:
@@ -785,8 +791,8 @@ def bench_model(
             mrows = variant_parts(variant).moe_rows
             for full_head in (True, False):
                 with variant_env(variant):
-                    args = (lin, moe, full_head, shared, glue, prep, side, mlp, mrows)
-                    _, ids = step(s, sets[0], emb, hid, *args, routes[0])
+                    _, ids = step(s, sets[0], emb, hid, lin, moe, full_head, shared, glue, prep, side, mlp,
+                                  mrows, routes[0])  # fmt: skip
                 distinct = int(ids.unique().numel()) if ids is not None else 0
 
                 def run(

@@ -183,18 +183,15 @@ def check_every_variant_reads_the_bf16_routing(
     def run(route: bd.Routing | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         return bd.step(shape, ws, emb, hid, lin, moe, False, in_grouped, *rest, route)
 
-    def routing_of(ids: torch.Tensor) -> bd.Routing:
-        return bd.Routing(ids, torch.cat((ids, torch.full_like(ids[:, :1], shape.experts)), dim=1))
-
     own, own_ids = run(None)
     assert own_ids is not None
     own_ids = own_ids.contiguous()
-    again, again_ids = run(routing_of(own_ids))
+    again, again_ids = run(bd.Routing.of(own_ids, shape.experts))
     assert torch.equal(again, own) and again_ids is not None and torch.equal(again_ids, own_ids)
     _, ids = run(routing)
     assert ids is not None and torch.equal(ids, routing.ids)
     moved = (own_ids + 1) % shape.experts  # every pick moved to another expert
-    other, other_ids = run(routing_of(moved))
+    other, other_ids = run(bd.Routing.of(moved, shape.experts))
     assert other_ids is not None and torch.equal(other_ids, moved) and not torch.equal(other, own)
 
 
