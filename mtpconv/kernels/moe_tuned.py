@@ -7,9 +7,36 @@ sweeps of ``scripts/sweep_moe.py`` recorded in docs/BENCHMARKS.md (issue 12).
 
 from __future__ import annotations
 
+import os
+
 # the config's last field: how a weight tile meets the tokens (FMA_NARROW: FMA with the
 # kernel's NARROW loads and in-thread sums)
 FMA, DOT, DOT_FP8, FMA_NARROW = 0, 1, 2, 3
+
+# FP8 experts at one token, a configuration a K in place of the measured one, for timing a
+# candidate inside a whole drafter step (``bench_draft.py`` variant ``auto+MOE_ONE_TOKEN_FP8=...``):
+# ``K:BNxBKxWARPS[xSTAGESxMODE]`` entries separated by ``;`` (stages 3, mode FMA_NARROW if left out)
+ONE_TOKEN_FP8_ENV = "MTPCONV_MOE_ONE_TOKEN_FP8"
+
+
+def one_token_fp8_override(k: int) -> tuple[int, int, int, int, int] | None:
+    """The configuration ``MTPCONV_MOE_ONE_TOKEN_FP8`` names for FP8 experts of inner size
+    ``k`` at one token, or None; a malformed value raises ``ValueError`` naming the setting."""
+    value = os.environ.get(ONE_TOKEN_FP8_ENV, "").strip()
+    for entry in filter(None, (e.strip() for e in value.split(";"))):
+        try:
+            key, _, fields = entry.partition(":")
+            parts = [int(f) for f in fields.split("x")]
+            if len(parts) not in (3, 5) or min(parts) < 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"{ONE_TOKEN_FP8_ENV}: {entry!r} is not K:BNxBKxWARPS or K:BNxBKxWARPSxSTAGESxMODE"
+            ) from None
+        if int(key) == k:
+            bn, bk, warps, stages, mode = parts + [3, FMA_NARROW][len(parts) - 3 :]
+            return bn, bk, warps, stages, mode
+    return None
 
 
 def default_config(
@@ -40,6 +67,9 @@ def default_config(
     269.1 at 16, the best of ``sweep_moe.py --tokens 4,16 --split --deep`` (5-8 stages;
     fourteenth session), where the down projections (K = 1024) gained nothing."""
     if tokens == 1 and not fp8_x:
+        override = one_token_fp8_override(k) if fp8 else None
+        if override is not None:
+            return override
         if k < 512:
             return 16, 256, 4, 3, FMA
         if fp8 and k >= 4096:

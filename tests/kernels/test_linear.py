@@ -416,6 +416,23 @@ def test_grouped_moe_one_token_rule() -> None:
     assert triton_moe.default_config(1, 64, 256, fp8=True)[4] == triton_moe.FMA
 
 
+def test_grouped_moe_one_token_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MTPCONV_MOE_ONE_TOKEN_FP8`` replaces the FP8 experts' one-token configuration for the
+    K it names, and nothing else; a malformed entry is refused with the setting's name."""
+    from mtpconv.kernels import moe_tuned
+
+    narrow = moe_tuned.FMA_NARROW
+    monkeypatch.setenv(moe_tuned.ONE_TOKEN_FP8_ENV, "1024:64x128x4; 4096:16x512x2x4x0")
+    assert moe_tuned.default_config(1, 4096, 1024, fp8=True) == (64, 128, 4, 3, narrow)
+    assert moe_tuned.default_config(1, 2048, 4096, fp8=True) == (16, 512, 2, 4, moe_tuned.FMA)
+    assert moe_tuned.default_config(1, 1024, 2048, fp8=True) == (8, 512, 2, 3, narrow)  # K not named
+    assert moe_tuned.default_config(1, 2048, 4096, fp8=False) == (8, 1024, 4, 3, narrow)  # BF16
+    assert moe_tuned.default_config(4, 4096, 1024, fp8=True, fp8_x=True)[:2] == (64, 128)  # 2+ tokens
+    monkeypatch.setenv(moe_tuned.ONE_TOKEN_FP8_ENV, "1024:64x128")
+    with pytest.raises(ValueError, match="MTPCONV_MOE_ONE_TOKEN_FP8: '1024:64x128'"):
+        moe_tuned.default_config(1, 4096, 1024, fp8=True)
+
+
 def test_grouped_moe_prepared_rows_rule() -> None:
     """2+ tokens on FP8 rows quantized beforehand: 64 x 128 tiles in 3 stages, and 64 x 256 in
     5 where K >= 4096 (397B's gate_up, the deep sweep's best at 4 and 16 tokens)."""
