@@ -54,7 +54,11 @@ def default_config(
     with 4 warps (within 1% of their best). With PDL on (twelfth session, the same sweep):
     FP8 experts with K >= 4096 (397B's gate_up) take 1024-wide K steps with 4 warps too,
     24.5 us against 27.3 with 512-wide ones; on Next-80B's (K = 2048) and both down
-    projections 512-wide steps with 2 warps stayed the best. Experts with K < 512 (not
+    projections 512-wide steps with 2 warps stayed the best. Without the routing checks
+    (twenty-second session, ``sweep_moe.py --tokens 1 --models qwen3.5-397b-a17b
+    --precisions fp8``): 397B's gate_up takes 16-row tiles (24.9 us against 26.1 with 8
+    rows) and its down projection (K = 1024) 64 x 128 tiles with 4 warps, whose threads
+    split the rows more than K (13.7 us against 14.4); Next-80B's were not swept then. Experts with K < 512 (not
     swept) take the FMA. 2+ tokens, from ``scripts/sweep_moe.py --tokens 4,16 --split`` (docs/BENCHMARKS.md,
     ninth session): the MMA with 64 x 128 tiles, 4 warps and 3 stages on inputs that need
     nothing more (FP8 activations quantized per token beforehand, BF16 ones without SiLU *
@@ -73,7 +77,9 @@ def default_config(
         if k < 512:
             return 16, 256, 4, 3, FMA
         if fp8 and k >= 4096:
-            return 8, 1024, 4, 3, FMA_NARROW
+            return 16, 1024, 4, 3, FMA_NARROW
+        if fp8 and k == 1024:
+            return 64, 128, 4, 3, FMA_NARROW
         if fp8 or k <= 1024:
             return 8, 512, 2, 3, FMA_NARROW
         return 8, 1024, 4, 3, FMA_NARROW

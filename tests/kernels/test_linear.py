@@ -367,17 +367,17 @@ _INTERPRETED = textwrap.dedent(
     deq = q.weight.double() * q.scale.double()[:, None, None]
     ids1 = torch.randperm(e, generator=g)[:top].reshape(1, top)
     y = torch.stack([x1[0].double() @ deq[i].t() for i in ids1[0]])
-    for glu in (False, True):
-        def one(glu=glu):
+    for glu, cfg in [(glu, cfg) for glu in (False, True) for cfg in ((8, 512, 2), (64, 128, 4))]:
+        def one(glu=glu, cfg=cfg):
             return tm.moe_grouped(x1, q.weight, q.scale, ids1, x_per_pair=False, glu=glu,
-                                  config=(8, 512, 2, 3, tm.FMA_NARROW))
+                                  config=(*cfg, 3, tm.FMA_NARROW))
         out = one()
         ref = torch.nn.functional.silu(y[:, : n // 2]) * y[:, n // 2 :] if glu else y
-        assert rel(out, ref) < 1e-2, glu
+        assert rel(out, ref) < 1e-2, (glu, cfg)
         os.environ[tm.PAIR_CHECKS_ENV] = "1"
         checked = one()
         del os.environ[tm.PAIR_CHECKS_ENV]
-        assert torch.equal(out, checked), glu
+        assert torch.equal(out, checked), (glu, cfg)
     print("interpreted kernels ok")
     """
 )
@@ -409,9 +409,11 @@ def test_grouped_moe_one_token_rule() -> None:
     from mtpconv.kernels import triton_moe
 
     narrow = triton_moe.FMA_NARROW
-    assert triton_moe.default_config(1, 2048, 4096, fp8=True) == (8, 1024, 4, 3, narrow)  # 397B gate_up
+    assert triton_moe.default_config(1, 2048, 4096, fp8=True) == (16, 1024, 4, 3, narrow)  # 397B gate_up
     assert triton_moe.default_config(1, 1024, 2048, fp8=True) == (8, 512, 2, 3, narrow)  # Next gate_up
-    assert triton_moe.default_config(1, 4096, 1024, fp8=True, act=True) == (8, 512, 2, 3, narrow)
+    assert triton_moe.default_config(1, 4096, 1024, fp8=True) == (64, 128, 4, 3, narrow)  # 397B down
+    assert triton_moe.default_config(1, 2048, 512, fp8=True, act=True) == (8, 512, 2, 3, narrow)  # Next down
+    assert triton_moe.default_config(1, 4096, 1024, fp8=False) == (8, 512, 2, 3, narrow)  # BF16 down
     assert triton_moe.default_config(1, 2048, 4096, fp8=False) == (8, 1024, 4, 3, narrow)  # BF16 gate_up
     assert triton_moe.default_config(1, 64, 256, fp8=True)[4] == triton_moe.FMA
 
@@ -422,11 +424,13 @@ def test_grouped_moe_one_token_override(monkeypatch: pytest.MonkeyPatch) -> None
     from mtpconv.kernels import moe_tuned
 
     narrow = moe_tuned.FMA_NARROW
-    monkeypatch.setenv(moe_tuned.ONE_TOKEN_FP8_ENV, "1024:64x128x4; 4096:16x512x2x4x0")
-    assert moe_tuned.default_config(1, 4096, 1024, fp8=True) == (64, 128, 4, 3, narrow)
+    monkeypatch.setenv(moe_tuned.ONE_TOKEN_FP8_ENV, "1024:32x128x2; 4096:16x512x2x4x0")
+    assert moe_tuned.default_config(1, 4096, 1024, fp8=True) == (32, 128, 2, 3, narrow)
     assert moe_tuned.default_config(1, 2048, 4096, fp8=True) == (16, 512, 2, 4, moe_tuned.FMA)
     assert moe_tuned.default_config(1, 1024, 2048, fp8=True) == (8, 512, 2, 3, narrow)  # K not named
     assert moe_tuned.default_config(1, 2048, 4096, fp8=False) == (8, 1024, 4, 3, narrow)  # BF16
+    monkeypatch.setenv(moe_tuned.ONE_TOKEN_FP8_ENV, "")
+    assert moe_tuned.default_config(1, 4096, 1024, fp8=True) == (64, 128, 4, 3, narrow)  # the measured one
     assert moe_tuned.default_config(4, 4096, 1024, fp8=True, fp8_x=True)[:2] == (64, 128)  # 2+ tokens
     monkeypatch.setenv(moe_tuned.ONE_TOKEN_FP8_ENV, "1024:64x128")
     with pytest.raises(ValueError, match="MTPCONV_MOE_ONE_TOKEN_FP8: '1024:64x128'"):

@@ -403,6 +403,8 @@ def test_grouped_moe_one_token_fma_modes_match_reference(
         (8, 2048, 8, 3, triton_moe.FMA_NARROW),
         (8, 512, 2, 3, triton_moe.FMA_NARROW),  # the one-token default from K = 512
         (64, 64, 2, 3, triton_moe.FMA_NARROW),  # threads split rows more than K (swept since the 18th)
+        (16, 1024, 4, 3, triton_moe.FMA_NARROW),  # FP8 experts from K = 4096 (397B's gate_up, 22nd)
+        (64, 128, 4, 3, triton_moe.FMA_NARROW),  # FP8 experts of K = 1024 (397B's down, 22nd)
     ):
 
         def run(cfg: tuple[int, int, int, int, int] = cfg) -> list[torch.Tensor]:
