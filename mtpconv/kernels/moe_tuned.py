@@ -58,10 +58,12 @@ def default_config(
     (twenty-second session, ``sweep_moe.py --tokens 1 --models qwen3.5-397b-a17b
     --precisions fp8``): 397B's gate_up takes 16-row tiles (24.9 us against 26.1 with 8
     rows) and its down projection (K = 1024) 64 x 128 tiles with 4 warps, whose threads
-    split the rows more than K (13.7 us against 14.4); Next-80B's were not swept then. Experts with K < 512 (not
-    swept) take the FMA. 2+ tokens, from ``scripts/sweep_moe.py --tokens 4,16 --split`` (docs/BENCHMARKS.md,
-    ninth session): the MMA with 64 x 128 tiles, 4 warps and 3 stages on inputs that need
-    nothing more (FP8 activations quantized per token beforehand, BF16 ones without SiLU *
+    split the rows more than K (13.7 us against 14.4); Next-80B's were not swept then.
+    Experts with K < 512 (not swept) take the FMA.
+
+    2+ tokens, from ``scripts/sweep_moe.py --tokens 4,16 --split`` (docs/BENCHMARKS.md, ninth
+    session): the MMA with 64 x 128 tiles, 4 warps and 3 stages on inputs that need nothing
+    more (FP8 activations quantized per token beforehand, BF16 ones without SiLU *
     up), within 1.1% of the best of 32 tiles in all eight FP8 and four BF16 cases; BF16
     experts with SiLU * up in the kernel 64-wide K tiles where K <= 1024 (the down
     projections: within 4% of the best, where 128-wide tiles lost up to 23%; seventh
