@@ -13,9 +13,10 @@ import os
 # kernel's NARROW loads and in-thread sums)
 FMA, DOT, DOT_FP8, FMA_NARROW = 0, 1, 2, 3
 
-# FP8 experts at one token, a configuration a K in place of the measured one, for timing a
-# candidate inside a whole drafter step (``bench_draft.py`` variant ``auto+MOE_ONE_TOKEN_FP8=...``):
-# ``K:BNxBKxWARPS[xSTAGESxMODE]`` entries separated by ``;`` (stages 3, mode FMA_NARROW if left out)
+# FP8 experts at one token: a configuration for a given K in place of the measured one, for
+# timing a candidate inside a whole drafter step (``bench_draft.py`` variant
+# ``auto+MOE_ONE_TOKEN_FP8=...``): ``K:BNxBKxWARPS[xSTAGESxMODE]`` entries separated by ``;``
+# (stages 3 and mode FMA_NARROW where left out)
 ONE_TOKEN_FP8_ENV = "MTPCONV_MOE_ONE_TOKEN_FP8"
 
 
@@ -26,6 +27,7 @@ def one_token_fp8_override(k: int) -> tuple[int, int, int, int, int] | None:
     for entry in filter(None, (e.strip() for e in value.split(";"))):
         try:
             key, _, fields = entry.partition(":")
+            entry_k = int(key)
             parts = [int(f) for f in fields.split("x")]
             if len(parts) not in (3, 5) or min(parts) < 0:
                 raise ValueError
@@ -33,8 +35,10 @@ def one_token_fp8_override(k: int) -> tuple[int, int, int, int, int] | None:
             raise ValueError(
                 f"{ONE_TOKEN_FP8_ENV}: {entry!r} is not K:BNxBKxWARPS or K:BNxBKxWARPSxSTAGESxMODE"
             ) from None
-        if int(key) == k:
-            bn, bk, warps, stages, mode = parts + [3, FMA_NARROW][len(parts) - 3 :]
+        if entry_k == k:
+            if len(parts) == 3:
+                parts += [3, FMA_NARROW]
+            bn, bk, warps, stages, mode = parts
             return bn, bk, warps, stages, mode
     return None
 

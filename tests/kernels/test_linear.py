@@ -435,6 +435,9 @@ def test_grouped_moe_one_token_override(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv(moe_tuned.ONE_TOKEN_FP8_ENV, "1024:64x128")
     with pytest.raises(ValueError, match="MTPCONV_MOE_ONE_TOKEN_FP8: '1024:64x128'"):
         moe_tuned.default_config(1, 4096, 1024, fp8=True)
+    monkeypatch.setenv(moe_tuned.ONE_TOKEN_FP8_ENV, "down:64x128x4")
+    with pytest.raises(ValueError, match="MTPCONV_MOE_ONE_TOKEN_FP8: 'down:64x128x4'"):
+        moe_tuned.default_config(1, 4096, 1024, fp8=True)
 
 
 def test_grouped_moe_prepared_rows_rule() -> None:
