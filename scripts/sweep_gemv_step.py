@@ -1,0 +1,166 @@
+"""One-token narrow-GEMV table candidates, alone and inside the drafter step (CUDA).
+
+    PYTHONPATH=$PWD python3 scripts/sweep_gemv_step.py --out OUTDIR --model qwen3.5-397b-a17b \
+        --shapes 4096x8192,32768x4096
+
+For each shape (``N x K`` of a dense FP8 linear at one token): the narrow GEMV with 2-8 row
+tiles, K steps of 512-2048 and the first 0-2 K steps' weight tiles loaded before the PDL wait
+(``first_ahead``), beside the table's entry (``skinny_tuned.TUNED``) with each ``first_ahead``,
+each timed as ``bench_draft.py --micro`` times a linear, in two rounds. A shape whose best beats
+the table's entry by more than ``--gain`` takes that best in the ``+SWEPT=1`` variants: the
+model's step at one token as ``bench_draft.py`` times it, ``bf16``, ``auto``, ``bf16+SWEPT=1`` and
+``auto+SWEPT=1`` side by side (the BF16 steps read no FP8 table: their two columns show the
+spread). Writes OUTDIR/sweep_gemv_step.json and prints the table entries it would write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_draft as bd  # noqa: E402
+
+from mtpconv.kernels import skinny_tuned  # noqa: E402
+from mtpconv.kernels.triton_skinny import Config, default_config, skinny_linear, sm_count  # noqa: E402
+
+Entry = tuple[bool, int, int, int, int, int, int, bool, bool]  # a skinny_tuned.TUNED value
+SWEPT_ENV = "MTPCONV_SWEPT"
+
+
+def candidates(current: Entry) -> list[tuple[Entry, int]]:
+    """``(table entry, first_ahead)`` pairs: narrow tiles of 2-8 rows with K steps of 256 x warps,
+    and the current entry, each with 0-2 K steps ahead."""
+    tiles = [(bn, bk, warps) for bn in (2, 4, 8) for bk, warps in ((512, 2), (1024, 4), (2048, 8))]
+    entries: list[Entry] = [(False, bn, bk, warps, 3, 4, 0, False, True) for bn, bk, warps in tiles]
+    if current not in entries:
+        entries.append(current)
+    return [(e, first) for e in entries for first in (0, 1, 2)]
+
+
+def config(entry: Entry, first: int, sms: int) -> Config:
+    dot, bn, bk, warps, stages, waves, mma, tma, narrow = entry
+    return Config(dot, bn, bk, warps, stages, waves * sms, mma, tma, narrow, first_ahead=first)
+
+
+def sweep_shape(n: int, k: int, dev: torch.device, rounds: int = 2) -> dict[str, Any]:
+    """Mean us of the table's configuration and of every candidate at one token."""
+    sms = sm_count(dev.index or 0)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    copies = max(2, math.ceil(bd.L2_SAFE_BYTES / (n * k)))
+    ws = [bd.Linear.make(n, k, dev, gen) for _ in range(copies)]
+    x = torch.randn(1, k, device=dev, generator=gen).to(torch.bfloat16)
+
+    def us(cfg: Config) -> float:
+        def g() -> None:
+            for w in ws:
+                skinny_linear(x, w.fp8, w.scale, config=cfg)
+
+        return bd.time_graph(g, reps=1) / copies
+
+    table = default_config(1, n, k, sms)
+    cands = candidates(skinny_tuned.TUNED[(1, n, k)])
+    times: dict[int, list[float]] = {}
+    base: list[float] = []
+    for _ in range(rounds):
+        base.append(us(table))
+        for i, (entry, first) in enumerate(cands):
+            times.setdefault(i, []).append(us(config(entry, first, sms)))
+    ws.clear()  # the weight copies go before the next shape's
+    torch.cuda.empty_cache()
+    ranked = sorted((sum(t) / len(t), i) for i, t in times.items())
+    return {
+        "n": n,
+        "k": k,
+        "table": [list(skinny_tuned.TUNED[(1, n, k)]), table.first_ahead],
+        "table_us": sum(base) / len(base),
+        "ranked": [[t, list(cands[i][0]), cands[i][1]] for t, i in ranked],
+    }
+
+
+@contextlib.contextmanager
+def swept_tables(chosen: dict[tuple[int, int, int], tuple[Entry, int]]) -> Iterator[None]:
+    """The chosen entries in ``skinny_tuned``'s tables while ``MTPCONV_SWEPT`` is 1."""
+    if os.environ.get(SWEPT_ENV) != "1":
+        yield
+        return
+    saved = {key: (skinny_tuned.TUNED[key], skinny_tuned.FIRST_AHEAD.get(key)) for key in chosen}
+    for key, (entry, first) in chosen.items():
+        skinny_tuned.TUNED[key] = entry
+        skinny_tuned.FIRST_AHEAD[key] = first
+    try:
+        yield
+    finally:
+        for key, (entry, old_first) in saved.items():
+            skinny_tuned.TUNED[key] = entry
+            if old_first is None:
+                skinny_tuned.FIRST_AHEAD.pop(key, None)
+            else:
+                skinny_tuned.FIRST_AHEAD[key] = old_first
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", default="qwen3.5-397b-a17b", choices=list(bd.SHAPES))
+    ap.add_argument("--shapes", required=True, help="NxK of the model's one-token linears, comma-separated")
+    ap.add_argument("--gain", type=float, default=0.02, help="least gain over the table's entry")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("sweep_gemv_step needs a CUDA device", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    for n, k in shapes:
+        if (1, n, k) not in skinny_tuned.TUNED:
+            ap.error(f"{n}x{k} has no one-token table entry")
+    args.out.mkdir(parents=True, exist_ok=True)
+    swept, chosen = [], {}
+    for n, k in shapes:
+        r = sweep_shape(n, k, dev)
+        swept.append(r)
+        best_us, entry, first = r["ranked"][0]
+        print(f"{n}x{k}: table {r['table']} {r['table_us']:.2f} us ({n * k / r['table_us'] / 1e6:.2f} TB/s)")
+        for t, e, f in r["ranked"][:5]:
+            print(f"    {e[1:4]} first {f}: {t:.2f} us ({n * k / t / 1e6:.2f} TB/s)", flush=True)
+        if best_us < (1 - args.gain) * r["table_us"]:
+            chosen[(1, n, k)] = (tuple(entry), first)
+    for key, (entry, first) in chosen.items():
+        print(f"    {key}: {entry},  # first_ahead {first}")
+    plain = bd.variant_env
+
+    @contextlib.contextmanager
+    def variant_env(variant: str) -> Iterator[None]:
+        with plain(variant), swept_tables(chosen):
+            yield
+
+    bd.variant_env = variant_env  # the step's captures see the swept tables under +SWEPT=1
+    copy = bd.copy_bandwidth(dev)
+    variants = ["bf16", "auto", "bf16+SWEPT=1", "auto+SWEPT=1"]
+    rows = bd.bench_model(args.model, [1], variants, copy, dev)
+    result = {
+        "device": torch.cuda.get_device_name(dev),
+        "copy_tbps": copy,
+        "command": " ".join(sys.argv),
+        "swept": swept,
+        "chosen": [[list(key), list(e), f] for key, (e, f) in chosen.items()],
+        "steps": [r.__dict__ for r in rows],
+    }
+    (args.out / "sweep_gemv_step.json").write_text(json.dumps(result, indent=1))
+    for r in rows:
+        if r.head == "32k":
+            print(f"step {r.variant:14s} {r.us:7.1f} us (queued {r.extra['us_queued']:.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
