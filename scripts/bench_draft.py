@@ -897,6 +897,7 @@ def micro(
                         "tbps": nbytes / (us * 1e-6) / 1e12,
                         "us_single": single,
                         "us_queued": queued,
+                        "tbps_queued": nbytes / (queued * 1e-6) / 1e12,
                     }
                 )
         del ws
@@ -1243,10 +1244,9 @@ def markdown(rows: list[Row], copy_tbps: float, variants: list[str]) -> str:
 def micro_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| linear | N x K | tokens | variant | us | TB/s | queued TB/s |", "|---" * 7 + "|"]
     for r in rows:
-        nbytes = r["tbps"] * r["us"]
         lines.append(
             f"| {r['linear']} | {r['n']}x{r['k']} | {r['tokens']} | {r['variant']} | "
-            f"{r['us']:.2f} | {r['tbps']:.2f} | {nbytes / r['us_queued']:.2f} |"
+            f"{r['us']:.2f} | {r['tbps']:.2f} | {r['tbps_queued']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_draft as bd  # noqa: E402
 
 from mtpconv.kernels import skinny_tuned  # noqa: E402
-from mtpconv.kernels.triton_skinny import Config, default_config, skinny_linear, sm_count  # noqa: E402
+from mtpconv.kernels.triton_skinny import Config, _tabled, default_config, skinny_linear, sm_count  # noqa: E402
 
 Entry = tuple[bool, int, int, int, int, int, int, bool, bool]  # a skinny_tuned.TUNED value
 SWEPT_ENV = "MTPCONV_SWEPT"
@@ -45,11 +45,6 @@ def candidates(current: Entry) -> list[tuple[Entry, int]]:
     if current not in entries:
         entries.append(current)
     return [(e, first) for e in entries for first in (0, 1, 2)]
-
-
-def config(entry: Entry, first: int, sms: int) -> Config:
-    dot, bn, bk, warps, stages, waves, mma, tma, narrow = entry
-    return Config(dot, bn, bk, warps, stages, waves * sms, mma, tma, narrow, first_ahead=first)
 
 
 def sweep_shape(n: int, k: int, dev: torch.device, rounds: int = 2) -> dict[str, Any]:
@@ -74,7 +69,7 @@ def sweep_shape(n: int, k: int, dev: torch.device, rounds: int = 2) -> dict[str,
     for _ in range(rounds):
         base.append(us(table))
         for i, (entry, first) in enumerate(cands):
-            times.setdefault(i, []).append(us(config(entry, first, sms)))
+            times.setdefault(i, []).append(us(_tabled(entry, sms)._replace(first_ahead=first)))
     ws.clear()  # the weight copies go before the next shape's
     torch.cuda.empty_cache()
     ranked = sorted((sum(t) / len(t), i) for i, t in times.items())
@@ -115,14 +110,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", required=True, help="NxK of the model's one-token linears, comma-separated")
     ap.add_argument("--gain", type=float, default=0.02, help="least gain over the table's entry")
     args = ap.parse_args(argv)
+    linears = bd.dense_shapes(bd.SHAPES[args.model])
+    shapes = []
+    for text in args.shapes.split(","):
+        n_k = tuple(int(v) for v in text.split("x") if v.isdigit())
+        if len(n_k) != 2 or text != f"{n_k[0]}x{n_k[1]}":
+            ap.error(f"--shapes: {text!r} is not NxK (for example 4096x8192)")
+        if n_k not in linears.values() or (1, *n_k) not in skinny_tuned.TUNED:
+            tabled = dict.fromkeys(v for v in linears.values() if (1, *v) in skinny_tuned.TUNED)
+            known = ", ".join(f"{n}x{k}" for n, k in tabled)
+            ap.error(f"--shapes: {text} is not a tabled one-token linear of {args.model} ({known})")
+        shapes.append(n_k)
     if not torch.cuda.is_available():
         print("sweep_gemv_step needs a CUDA device", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    for n, k in shapes:
-        if (1, n, k) not in skinny_tuned.TUNED:
-            ap.error(f"{n}x{k} has no one-token table entry")
     args.out.mkdir(parents=True, exist_ok=True)
     swept, chosen = [], {}
     for n, k in shapes:
