@@ -7,21 +7,20 @@ For each shape (``N x K`` of a dense FP8 linear at one token): the narrow GEMV w
 tiles, K steps of 512-2048 and the first 0-2 K steps' weight tiles loaded before the PDL wait
 (``first_ahead``), beside the table's entry (``skinny_tuned.TUNED``) with each ``first_ahead``,
 each timed as ``bench_draft.py --micro`` times a linear, in two rounds. A shape whose best beats
-the table's entry by more than ``--gain`` takes that best in the ``+SWEPT=1`` variants: the
-model's step at one token as ``bench_draft.py`` times it, ``bf16``, ``auto``, ``bf16+SWEPT=1`` and
-``auto+SWEPT=1`` side by side (the BF16 steps read no FP8 table: their two columns show the
-spread). Writes OUTDIR/sweep_gemv_step.json and prints the table entries it would write.
+the table's entry by more than ``--gain`` takes that best in the ``+GEMV_ONE_TOKEN=...``
+variants (``skinny_tuned.one_token_override``): the model's step at one token as
+``bench_draft.py`` times it, ``bf16``, ``auto`` and both again with the best swapped in, side by
+side (the BF16 steps read no FP8 table: their two columns show the spread). Writes
+OUTDIR/sweep_gemv_step.json and prints the table entries it would write and the setting that
+times them in ``bench_draft.py`` (``--variants "bf16,auto,auto+GEMV_ONE_TOKEN=..."``).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_draft as bd  # noqa: E402
 
 from mtpconv.kernels import skinny_tuned  # noqa: E402
+from mtpconv.kernels.skinny_tuned import Entry  # noqa: E402
 from mtpconv.kernels.triton_skinny import Config, _tabled, default_config, skinny_linear, sm_count  # noqa: E402
-
-Entry = tuple[bool, int, int, int, int, int, int, bool, bool]  # a skinny_tuned.TUNED value
-SWEPT_ENV = "MTPCONV_SWEPT"
 
 
 def candidates(current: Entry) -> list[tuple[Entry, int]]:
@@ -82,25 +79,9 @@ def sweep_shape(n: int, k: int, dev: torch.device, rounds: int = 2) -> dict[str,
     }
 
 
-@contextlib.contextmanager
-def swept_tables(chosen: dict[tuple[int, int, int], tuple[Entry, int]]) -> Iterator[None]:
-    """The chosen entries in ``skinny_tuned``'s tables while ``MTPCONV_SWEPT`` is 1."""
-    if os.environ.get(SWEPT_ENV) != "1":
-        yield
-        return
-    saved = {key: (skinny_tuned.TUNED[key], skinny_tuned.FIRST_AHEAD.get(key)) for key in chosen}
-    for key, (entry, first) in chosen.items():
-        skinny_tuned.TUNED[key] = entry
-        skinny_tuned.FIRST_AHEAD[key] = first
-    try:
-        yield
-    finally:
-        for key, (entry, old_first) in saved.items():
-            skinny_tuned.TUNED[key] = entry
-            if old_first is None:
-                skinny_tuned.FIRST_AHEAD.pop(key, None)
-            else:
-                skinny_tuned.FIRST_AHEAD[key] = old_first
+def override(chosen: dict[tuple[int, int], tuple[Entry, int]]) -> str:
+    """``MTPCONV_GEMV_ONE_TOKEN``'s value for the chosen entries (``skinny_tuned.one_token_override``)."""
+    return ";".join(f"{n}x{k}:{e[1]}x{e[2]}x{e[3]}x{first}x{e[5]}" for (n, k), (e, first) in chosen.items())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,33 +115,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n}x{k}: table {r['table']} {r['table_us']:.2f} us ({n * k / r['table_us'] / 1e6:.2f} TB/s)")
         for t, e, f in r["ranked"][:5]:
             print(f"    {e[1:4]} first {f}: {t:.2f} us ({n * k / t / 1e6:.2f} TB/s)", flush=True)
-        if best_us < (1 - args.gain) * r["table_us"]:
-            chosen[(1, n, k)] = (tuple(entry), first)
-    for key, (entry, first) in chosen.items():
-        print(f"    {key}: {entry},  # first_ahead {first}")
-    plain = bd.variant_env
-
-    @contextlib.contextmanager
-    def variant_env(variant: str) -> Iterator[None]:
-        with plain(variant), swept_tables(chosen):
-            yield
-
-    bd.variant_env = variant_env  # the step's captures see the swept tables under +SWEPT=1
+        narrow = entry[8] and not entry[0] and entry[4] == 3  # what the override can name
+        if best_us < (1 - args.gain) * r["table_us"] and narrow:
+            chosen[(n, k)] = (tuple(entry), first)
+    for (n, k), (entry, first) in chosen.items():
+        print(f"    {(1, n, k)}: {entry},  # first_ahead {first}")
+    if chosen:
+        print(f"    {skinny_tuned.ONE_TOKEN_ENV}={override(chosen)}")
     copy = bd.copy_bandwidth(dev)
-    variants = ["bf16", "auto", "bf16+SWEPT=1", "auto+SWEPT=1"]
+    variants = ["bf16", "auto"]
+    if chosen:  # the BF16 step reads no FP8 table: its second column shows the spread
+        variants += [f"bf16+GEMV_ONE_TOKEN={override(chosen)}", f"auto+GEMV_ONE_TOKEN={override(chosen)}"]
     rows = bd.bench_model(args.model, [1], variants, copy, dev)
     result = {
         "device": torch.cuda.get_device_name(dev),
         "copy_tbps": copy,
         "command": " ".join(sys.argv),
         "swept": swept,
-        "chosen": [[list(key), list(e), f] for key, (e, f) in chosen.items()],
+        "chosen": [[[1, *key], list(e), f] for key, (e, f) in chosen.items()],
+        "override": override(chosen),
         "steps": [r.__dict__ for r in rows],
     }
     (args.out / "sweep_gemv_step.json").write_text(json.dumps(result, indent=1))
     for r in rows:
         if r.head == "32k":
-            print(f"step {r.variant:14s} {r.us:7.1f} us (queued {r.extra['us_queued']:.1f})")
+            print(f"step {r.variant:.40s} {r.us:7.1f} us (queued {r.extra['us_queued']:.1f})")
     return 0
 
 

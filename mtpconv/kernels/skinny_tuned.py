@@ -16,7 +16,11 @@ before: ``bench_draft.py --sweep --retune --narrow-only --sweep-models ... --swe
 
 from __future__ import annotations
 
-TUNED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, int, bool, bool]] = {
+import os
+
+Entry = tuple[bool, int, int, int, int, int, int, bool, bool]  # a TUNED value
+
+TUNED: dict[tuple[int, int, int], Entry] = {
     (1, 1024, 2048): (False, 2, 2048, 8, 3, 4, 0, False, True),  # Qwen3-Next-80B shared_gate_up, 0.80 TB/s
     (1, 2048, 512): (False, 4, 512, 4, 3, 4, 0, False, False),  # Qwen3-Next-80B shared_down, 0.49 TB/s
     (1, 2048, 4096): (False, 2, 1024, 4, 3, 4, 0, False, True),  # Qwen3.5-397B shared_gate_up, 1.78 TB/s
@@ -81,6 +85,44 @@ ONE_PIECE: frozenset[tuple[int, int, int]] = frozenset({(1, 5120, 17408)})
 # (``bench_draft.py --variants bf16,auto,...`` with every GEMV so launched), so only o takes it.
 FIRST_AHEAD: dict[tuple[int, int, int], int] = {(1, 5120, 6144): 1}
 
+# One-token narrow-GEMV configurations in place of the table's, for timing a candidate inside a
+# whole drafter step (``bench_draft.py`` variant ``auto+GEMV_ONE_TOKEN=...``,
+# ``scripts/sweep_gemv_step.py``): ``NxK:ROWSxBLOCK_KxWARPS[xFIRST_AHEAD[xWAVES]]`` entries
+# separated by ``;`` (first_ahead 0 and 4 resident programs an SM where left out)
+ONE_TOKEN_ENV = "MTPCONV_GEMV_ONE_TOKEN"
+
+
+def one_token_override(n: int, k: int) -> tuple[Entry, int] | None:
+    """The narrow-GEMV entry and ``first_ahead`` that ``MTPCONV_GEMV_ONE_TOKEN`` names for an
+    ``N x K`` linear at one token, or None; a malformed value raises ``ValueError`` naming the
+    setting."""
+    for text in filter(None, (e.strip() for e in os.environ.get(ONE_TOKEN_ENV, "").split(";"))):
+        shape, _, fields = text.partition(":")
+        try:
+            entry_n, entry_k = (int(v) for v in shape.split("x"))
+            parts = [int(v) for v in fields.split("x")]
+            if not 3 <= len(parts) <= 5 or min(parts) < 0 or min(parts[:3]) == 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"{ONE_TOKEN_ENV}: {text!r} is not NxK:ROWSxBLOCK_KxWARPS[xFIRST_AHEAD[xWAVES]]"
+            ) from None
+        if (entry_n, entry_k) == (n, k):
+            rows, block_k, warps, first, waves = parts + [0, 4][len(parts) - 3 :]
+            return (False, rows, block_k, warps, 3, waves, 0, False, True), first
+    return None
+
+
+def tabled(key: tuple[int, int, int]) -> tuple[Entry, int] | None:
+    """The entry for ``key`` (token bucket, N, K) and its ``first_ahead``: the one
+    ``MTPCONV_GEMV_ONE_TOKEN`` names at one token, else the table's; None where neither has one."""
+    override = one_token_override(key[1], key[2]) if key[0] == 1 else None
+    if override is not None:
+        return override
+    entry = TUNED.get(key)
+    return None if entry is None else (entry, FIRST_AHEAD.get(key, 0))
+
+
 # FP8 activations prepared before the launch (``skinny_linear(x_scale=...)``, ``mma`` 3), each
 # tile's K range in one program (``triton_skinny.prepared_config``): the best of
 # ``scripts/bench_paths.py --prepared --splits --tokens 4,16`` (docs/BENCHMARKS.md, issue 12,
@@ -88,7 +130,7 @@ FIRST_AHEAD: dict[tuple[int, int, int], int] = {(1, 5120, 6144): 1}
 # one piece won on every shape) where it beat ``fp8_linear``'s own path on BF16 rows, the
 # activation's quantization left to its producer. us prepared / own path (/ cuBLAS on per-tensor
 # FP8 rows, the path these shapes took before, where that was the step's):
-TUNED_PREPARED: dict[tuple[int, int, int], tuple[bool, int, int, int, int, int, int, bool, bool]] = {
+TUNED_PREPARED: dict[tuple[int, int, int], Entry] = {
     (4, 2048, 512): (True, 64, 128, 4, 6, 1, 3, False, False),  # Qwen3-Next-80B shared_down: 2.1 / 3.3
     (4, 2048, 4096): (True, 64, 256, 4, 6, 1, 3, True, False),  # 397B shared_gate_up, Next fc, o: 5.5 / 6.5
     (4, 4096, 1024): (True, 64, 256, 4, 6, 1, 3, False, False),  # Qwen3.5-397B shared_down: 3.1 / 5.1

@@ -403,6 +403,28 @@ def test_tuned_27b_o_loads_its_first_tile_ahead() -> None:
     assert ts.default_config(4, 5120, 6144, 132).first_ahead == 0
 
 
+def test_gemv_one_token_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MTPCONV_GEMV_ONE_TOKEN replaces a one-token entry of the table for the shape it names,
+    and only there; a malformed entry is refused naming the setting."""
+    pytest.importorskip("triton")
+    from mtpconv.kernels import skinny_tuned
+    from mtpconv.kernels import triton_skinny as ts
+
+    table = ts.default_config(1, 4096, 8192, 132)
+    monkeypatch.setenv(skinny_tuned.ONE_TOKEN_ENV, "4096x8192:2x1024x4x1; 32768x4096:2x1024x4x2x12")
+    swapped = ts.default_config(1, 4096, 8192, 132)
+    assert (swapped.block_n, swapped.block_k, swapped.warps, swapped.first_ahead) == (2, 1024, 4, 1)
+    assert swapped.narrow and not swapped.dot and swapped.programs == 4 * 132 and swapped != table
+    head = ts.default_config(1, 32768, 4096, 132)
+    assert (head.block_n, head.first_ahead, head.programs) == (2, 2, 12 * 132)
+    assert ts.default_config(4, 4096, 8192, 132) == ts._tabled(skinny_tuned.TUNED[(4, 4096, 8192)], 132)
+    assert ts.default_config(1, 5120, 6144, 132).first_ahead == 1  # not named: the table's
+    for bad in ("4096x8192:2x1024", "4096:2x1024x4", "4096x8192:0x1024x4", "4096x8192:2x1024x4x1x4x9"):
+        monkeypatch.setenv(skinny_tuned.ONE_TOKEN_ENV, bad)
+        with pytest.raises(ValueError, match=f"MTPCONV_GEMV_ONE_TOKEN: '{bad}'"):
+            ts.default_config(1, 4096, 8192, 132)
+
+
 def test_grouped_moe_one_token_rule() -> None:
     """The grouped MoE kernel's measured one-token configurations (triton_moe.default_config)."""
     pytest.importorskip("triton")
