@@ -314,6 +314,33 @@ def test_narrow_first_tiles_ahead_of_the_wait_change_nothing(m: int, n: int, k: 
                 assert torch.equal(y, plain), (cfg, ahead)
 
 
+@pytest.mark.parametrize(
+    "setting", ["4096x8192:2x1024x4x1;32768x4096:2x1024x4x2", "4096x8192:2x2048x8x2;32768x4096:8x2048x8x1x12"]
+)
+def test_one_token_entries_named_by_the_setting_match_reference(
+    monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    """fp8_linear at one token on Qwen3.5-397B's fc / o and head shapes, with the entries that
+    MTPCONV_GEMV_ONE_TOKEN names in place of the table's (the candidates bench_draft times in
+    the step), matches the dequantized reference as the table's entries do."""
+    if not triton_available():
+        pytest.skip("needs triton")
+    from mtpconv.kernels import skinny_tuned
+    from mtpconv.kernels import triton_skinny as ts
+
+    for n, k in ((4096, 8192), (32768, 4096)):
+        x, w, s, _ = _case(1, n, k, "tensor", bias=False)
+        ref = _ref(x, w, s, None)
+        monkeypatch.delenv(skinny_tuned.ONE_TOKEN_ENV, raising=False)
+        table = ts.skinny_linear(x, w, s)
+        monkeypatch.setenv(skinny_tuned.ONE_TOKEN_ENV, setting)
+        entry, first = skinny_tuned.one_token_override(n, k) or pytest.fail(f"{setting} names {n}x{k}")
+        sms = ts.sm_count(0)
+        assert ts.default_config(1, n, k, sms) == ts._tabled(entry, sms)._replace(first_ahead=first)
+        named = ts.skinny_linear(x, w, s)
+        assert _rel(table, ref) < 1e-2 and _rel(named, ref) < 1e-2, (n, k, _rel(table, ref), _rel(named, ref))
+
+
 def test_narrow_configuration_refuses_more_than_four_tokens() -> None:
     if not triton_available():
         pytest.skip("needs triton")
