@@ -8,7 +8,7 @@ tiles, K steps of 512-2048 and the first 0-2 K steps' weight tiles loaded before
 (``first_ahead``), beside the table's entry (``skinny_tuned.TUNED``) with each ``first_ahead``,
 each timed as ``bench_draft.py --micro`` times a linear, in two rounds. A shape whose best beats
 the table's entry by more than ``--gain`` takes that best in the ``+GEMV_ONE_TOKEN=...``
-variants (``skinny_tuned.one_token_override``): the model's step at one token as
+variants (``skinny_tuned.one_token_setting``): the model's step at one token as
 ``bench_draft.py`` times it, ``bf16``, ``auto`` and both again with the best swapped in, side by
 side (the BF16 steps read no FP8 table: their two columns show the spread). Writes
 OUTDIR/sweep_gemv_step.json and prints the table entries it would write and the setting that
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_draft as bd  # noqa: E402
 
 from mtpconv.kernels import skinny_tuned  # noqa: E402
-from mtpconv.kernels.skinny_tuned import Entry  # noqa: E402
+from mtpconv.kernels.skinny_tuned import Entry, narrow_entry  # noqa: E402
 from mtpconv.kernels.triton_skinny import Config, _tabled, default_config, skinny_linear, sm_count  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def candidates(current: Entry) -> list[tuple[Entry, int]]:
     """``(table entry, first_ahead)`` pairs: narrow tiles of 2-8 rows with K steps of 256 x warps,
     and the current entry, each with 0-2 K steps ahead."""
     tiles = [(bn, bk, warps) for bn in (2, 4, 8) for bk, warps in ((512, 2), (1024, 4), (2048, 8))]
-    entries: list[Entry] = [(False, bn, bk, warps, 3, 4, 0, False, True) for bn, bk, warps in tiles]
+    entries: list[Entry] = [narrow_entry(bn, bk, warps, 4) for bn, bk, warps in tiles]
     if current not in entries:
         entries.append(current)
     return [(e, first) for e in entries for first in (0, 1, 2)]
@@ -79,11 +79,6 @@ def sweep_shape(n: int, k: int, dev: torch.device, rounds: int = 2) -> dict[str,
     }
 
 
-def override(chosen: dict[tuple[int, int], tuple[Entry, int]]) -> str:
-    """``MTPCONV_GEMV_ONE_TOKEN``'s value for the chosen entries (``skinny_tuned.one_token_override``)."""
-    return ";".join(f"{n}x{k}:{e[1]}x{e[2]}x{e[3]}x{first}x{e[5]}" for (n, k), (e, first) in chosen.items())
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -115,17 +110,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n}x{k}: table {r['table']} {r['table_us']:.2f} us ({n * k / r['table_us'] / 1e6:.2f} TB/s)")
         for t, e, f in r["ranked"][:5]:
             print(f"    {e[1:4]} first {f}: {t:.2f} us ({n * k / t / 1e6:.2f} TB/s)", flush=True)
-        narrow = entry[8] and not entry[0] and entry[4] == 3  # what the override can name
-        if best_us < (1 - args.gain) * r["table_us"] and narrow:
-            chosen[(n, k)] = (tuple(entry), first)
+        best = {(n, k): (tuple(entry), first)}
+        if best_us < (1 - args.gain) * r["table_us"] and skinny_tuned.one_token_setting(best) is not None:
+            chosen.update(best)  # a best the setting can name (the table's own entry may not be narrow)
     for (n, k), (entry, first) in chosen.items():
         print(f"    {(1, n, k)}: {entry},  # first_ahead {first}")
-    if chosen:
-        print(f"    {skinny_tuned.ONE_TOKEN_ENV}={override(chosen)}")
+    setting = skinny_tuned.one_token_setting(chosen) if chosen else None
+    if setting:
+        print(f"    {skinny_tuned.ONE_TOKEN_ENV}={setting}")
     copy = bd.copy_bandwidth(dev)
     variants = ["bf16", "auto"]
-    if chosen:  # the BF16 step reads no FP8 table: its second column shows the spread
-        variants += [f"bf16+GEMV_ONE_TOKEN={override(chosen)}", f"auto+GEMV_ONE_TOKEN={override(chosen)}"]
+    if setting:  # the BF16 step reads no FP8 table: its second column shows the spread
+        variants += [f"bf16+GEMV_ONE_TOKEN={setting}", f"auto+GEMV_ONE_TOKEN={setting}"]
     rows = bd.bench_model(args.model, [1], variants, copy, dev)
     result = {
         "device": torch.cuda.get_device_name(dev),
@@ -133,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(sys.argv),
         "swept": swept,
         "chosen": [[[1, *key], list(e), f] for key, (e, f) in chosen.items()],
-        "override": override(chosen),
+        "setting": setting,
         "steps": [r.__dict__ for r in rows],
     }
     (args.out / "sweep_gemv_step.json").write_text(json.dumps(result, indent=1))

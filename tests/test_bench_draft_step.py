@@ -234,8 +234,9 @@ def test_every_variant_reads_the_bf16_routing_under_the_interpreter() -> None:
 def test_sweep_gemv_step_names_its_winners_as_the_override_reads_them(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """scripts/sweep_gemv_step.py hands its winners to the step as MTPCONV_GEMV_ONE_TOKEN, which
-    skinny_tuned reads back as the same entries; a --shapes entry that is not NxK, or not one of
+    """The setting scripts/sweep_gemv_step.py hands its winners to the step in
+    (skinny_tuned.one_token_setting) reads back as the same entries, and names no entry that is
+    not a narrow GEMV; a --shapes entry that is not NxK, or not one of
     the model's tabled one-token linears, is refused before any CUDA work."""
     import sweep_gemv_step as sg
 
@@ -245,11 +246,14 @@ def test_sweep_gemv_step_names_its_winners_as_the_override_reads_them(
         (4096, 8192): ((False, 2, 1024, 4, 3, 4, 0, False, True), 1),
         (32768, 4096): ((False, 8, 2048, 8, 3, 12, 0, False, True), 2),
     }
-    monkeypatch.setenv(skinny_tuned.ONE_TOKEN_ENV, sg.override(chosen))
+    setting = skinny_tuned.one_token_setting(chosen)
+    assert setting is not None
+    monkeypatch.setenv(skinny_tuned.ONE_TOKEN_ENV, setting)
     for (n, k), want in chosen.items():
         assert skinny_tuned.one_token_override(n, k) == want
-    assert skinny_tuned.tabled((1, 4096, 8192)) == chosen[(4096, 8192)]
-    assert skinny_tuned.tabled((4, 4096, 8192)) == (skinny_tuned.TUNED[(4, 4096, 8192)], 0)
+    assert skinny_tuned.one_token_setting({(4096, 8192): (skinny_tuned.TUNED[(4, 4096, 8192)], 0)}) is None
+    assert skinny_tuned.tuned_entry((1, 4096, 8192)) == chosen[(4096, 8192)]
+    assert skinny_tuned.tuned_entry((4, 4096, 8192)) == (skinny_tuned.TUNED[(4, 4096, 8192)], 0)
     for shapes, message in (("4096x", "is not NxK"), ("4096x4096", "not a tabled one-token linear")):
         with pytest.raises(SystemExit):
             sg.main(["--out", "/nonexistent/never", "--shapes", shapes])

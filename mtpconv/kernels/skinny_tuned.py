@@ -109,11 +109,24 @@ def one_token_override(n: int, k: int) -> tuple[Entry, int] | None:
             ) from None
         if (entry_n, entry_k) == (n, k):
             rows, block_k, warps, first, waves = parts + [0, 4][len(parts) - 3 :]
-            return (False, rows, block_k, warps, 3, waves, 0, False, True), first
+            return narrow_entry(rows, block_k, warps, waves), first
     return None
 
 
-def tabled(key: tuple[int, int, int]) -> tuple[Entry, int] | None:
+def narrow_entry(rows: int, block_k: int, warps: int, waves: int) -> Entry:
+    """The narrow-GEMV entry that a ``MTPCONV_GEMV_ONE_TOKEN`` entry stands for."""
+    return (False, rows, block_k, warps, 3, waves, 0, False, True)
+
+
+def one_token_setting(entries: dict[tuple[int, int], tuple[Entry, int]]) -> str | None:
+    """``MTPCONV_GEMV_ONE_TOKEN``'s value naming ``{(N, K): (entry, first_ahead)}`` at one token
+    (what :func:`one_token_override` reads back), or None where an entry is not one it can name."""
+    if any(e != narrow_entry(e[1], e[2], e[3], e[5]) for e, _ in entries.values()):
+        return None
+    return ";".join(f"{n}x{k}:{e[1]}x{e[2]}x{e[3]}x{first}x{e[5]}" for (n, k), (e, first) in entries.items())
+
+
+def tuned_entry(key: tuple[int, int, int]) -> tuple[Entry, int] | None:
     """The entry for ``key`` (token bucket, N, K) and its ``first_ahead``: the one
     ``MTPCONV_GEMV_ONE_TOKEN`` names at one token, else the table's; None where neither has one."""
     override = one_token_override(key[1], key[2]) if key[0] == 1 else None

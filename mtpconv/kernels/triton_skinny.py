@@ -42,7 +42,7 @@ import triton.language as tl
 from mtpconv.kernels import pdl as pdl_setting
 from mtpconv.kernels import triton_gemv
 from mtpconv.kernels.reference import BLOCK, is_block_scale
-from mtpconv.kernels.skinny_tuned import ONE_PIECE, TUNED_PREPARED, Entry, tabled, token_bucket
+from mtpconv.kernels.skinny_tuned import ONE_PIECE, TUNED_PREPARED, Entry, token_bucket, tuned_entry
 from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, pdl_leave, weight_tile
 
 SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK = 0, 1, 2
@@ -211,7 +211,7 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
     is up to 83% slower than the best (64 x 256 tiles by TMA won there on some shapes and
     lost on others: docs/BENCHMARKS.md)."""
     key = (token_bucket(m) or 0, n, k)  # 0: beyond the table
-    tuned = tabled(key)  # the measured entry, or MTPCONV_GEMV_ONE_TOKEN's in its place
+    tuned = tuned_entry(key)  # the measured entry, or MTPCONV_GEMV_ONE_TOKEN's in its place
     if tuned is not None:
         return _tabled(tuned[0], sms)._replace(split=1 if key in ONE_PIECE else 0, first_ahead=tuned[1])
     if m == 1:
