@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "sweep_gemv_step.json").write_text(json.dumps(result, indent=1))
     for r in rows:
         if r.head == "32k":
-            print(f"step {r.variant:.40s} {r.us:7.1f} us (queued {r.extra['us_queued']:.1f})")
+            print(f"step {r.variant} {r.us:7.1f} us (queued {r.extra['us_queued']:.1f})")
     return 0
 
 
