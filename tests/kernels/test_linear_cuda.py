@@ -315,7 +315,12 @@ def test_narrow_first_tiles_ahead_of_the_wait_change_nothing(m: int, n: int, k: 
 
 
 @pytest.mark.parametrize(
-    "setting", ["4096x8192:2x1024x4x1;32768x4096:2x1024x4x2", "4096x8192:2x2048x8x2;32768x4096:8x2048x8x1x12"]
+    "setting",
+    [
+        "4096x8192:2x1024x4x1;32768x4096:2x1024x4x2",
+        "4096x8192:2x2048x8x2;32768x4096:8x2048x8x1x12",
+        "4096x8192:8x2048x8x1x4;32768x4096:8x1024x4x2x4",  # the H200 sweep's bests (twenty-fifth session)
+    ],
 )
 def test_one_token_entries_named_by_the_setting_match_reference(
     monkeypatch: pytest.MonkeyPatch, setting: str
