@@ -7,6 +7,7 @@ sweeps of ``scripts/sweep_moe.py`` recorded in docs/BENCHMARKS.md (issue 12).
 
 from __future__ import annotations
 
+import functools
 import os
 
 # the config's last field: how a weight tile meets the tokens (FMA_NARROW: FMA with the
@@ -22,8 +23,16 @@ ONE_TOKEN_FP8_ENV = "MTPCONV_MOE_ONE_TOKEN_FP8"
 
 def one_token_fp8_override(k: int) -> tuple[int, int, int, int, int] | None:
     """The configuration ``MTPCONV_MOE_ONE_TOKEN_FP8`` names for FP8 experts of inner size
-    ``k`` at one token, or None; a malformed value raises ``ValueError`` naming the setting."""
-    value = os.environ.get(ONE_TOKEN_FP8_ENV, "").strip()
+    ``k`` at one token, or None; a malformed value raises ``ValueError`` naming the setting.
+    Called on every one-token FP8 launch without a config: the value is parsed once."""
+    return _named_one_token_fp8(os.environ.get(ONE_TOKEN_FP8_ENV, "")).get(k)
+
+
+@functools.lru_cache(maxsize=8)
+def _named_one_token_fp8(value: str) -> dict[int, tuple[int, int, int, int, int]]:
+    """``{K: configuration}`` that a ``MTPCONV_MOE_ONE_TOKEN_FP8`` value names (the first entry
+    for a K wins)."""
+    named: dict[int, tuple[int, int, int, int, int]] = {}
     for entry in filter(None, (e.strip() for e in value.split(";"))):
         try:
             key, _, fields = entry.partition(":")
@@ -35,12 +44,11 @@ def one_token_fp8_override(k: int) -> tuple[int, int, int, int, int] | None:
             raise ValueError(
                 f"{ONE_TOKEN_FP8_ENV}: {entry!r} is not K:BNxBKxWARPS or K:BNxBKxWARPSxSTAGESxMODE"
             ) from None
-        if entry_k == k:
-            if len(parts) == 3:
-                parts += [3, FMA_NARROW]
-            bn, bk, warps, stages, mode = parts
-            return bn, bk, warps, stages, mode
-    return None
+        if len(parts) == 3:
+            parts += [3, FMA_NARROW]
+        bn, bk, warps, stages, mode = parts
+        named.setdefault(entry_k, (bn, bk, warps, stages, mode))
+    return named
 
 
 def default_config(

@@ -16,6 +16,7 @@ before: ``bench_draft.py --sweep --retune --narrow-only --sweep-models ... --swe
 
 from __future__ import annotations
 
+import functools
 import os
 
 Entry = tuple[bool, int, int, int, int, int, int, bool, bool]  # a TUNED value
@@ -95,8 +96,16 @@ ONE_TOKEN_ENV = "MTPCONV_GEMV_ONE_TOKEN"
 def one_token_override(n: int, k: int) -> tuple[Entry, int] | None:
     """The narrow-GEMV entry and ``first_ahead`` that ``MTPCONV_GEMV_ONE_TOKEN`` names for an
     ``N x K`` linear at one token, or None; a malformed value raises ``ValueError`` naming the
-    setting."""
-    for text in filter(None, (e.strip() for e in os.environ.get(ONE_TOKEN_ENV, "").split(";"))):
+    setting. Called on every one-token launch without a config: the value is parsed once."""
+    return _named_one_token(os.environ.get(ONE_TOKEN_ENV, "")).get((n, k))
+
+
+@functools.lru_cache(maxsize=8)
+def _named_one_token(value: str) -> dict[tuple[int, int], tuple[Entry, int]]:
+    """``{(N, K): (entry, first_ahead)}`` that a ``MTPCONV_GEMV_ONE_TOKEN`` value names (the
+    first entry for a shape wins)."""
+    named: dict[tuple[int, int], tuple[Entry, int]] = {}
+    for text in filter(None, (e.strip() for e in value.split(";"))):
         shape, _, fields = text.partition(":")
         try:
             entry_n, entry_k = (int(v) for v in shape.split("x"))
@@ -107,10 +116,9 @@ def one_token_override(n: int, k: int) -> tuple[Entry, int] | None:
             raise ValueError(
                 f"{ONE_TOKEN_ENV}: {text!r} is not NxK:ROWSxBLOCK_KxWARPS[xFIRST_AHEAD[xWAVES]]"
             ) from None
-        if (entry_n, entry_k) == (n, k):
-            rows, block_k, warps, first, waves = parts + [0, 4][len(parts) - 3 :]
-            return narrow_entry(rows, block_k, warps, waves), first
-    return None
+        rows, block_k, warps, first, waves = parts + [0, 4][len(parts) - 3 :]
+        named.setdefault((entry_n, entry_k), (narrow_entry(rows, block_k, warps, waves), first))
+    return named
 
 
 def narrow_entry(rows: int, block_k: int, warps: int, waves: int) -> Entry:

@@ -423,6 +423,9 @@ def test_gemv_one_token_override(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(skinny_tuned.ONE_TOKEN_ENV, bad)
         with pytest.raises(ValueError, match=f"MTPCONV_GEMV_ONE_TOKEN: '{bad}'"):
             ts.default_config(1, 4096, 8192, 132)
+    monkeypatch.setenv(skinny_tuned.ONE_TOKEN_ENV, "4096x8192:2x1024x4;4096x8192:2x")  # refused whole
+    with pytest.raises(ValueError, match="MTPCONV_GEMV_ONE_TOKEN: '4096x8192:2x'"):
+        ts.default_config(1, 4096, 8192, 132)
 
 
 def test_grouped_moe_one_token_rule() -> None:
