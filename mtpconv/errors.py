@@ -73,6 +73,16 @@ class DraftWindowError(MtpconvError):
     exit_code = 2
 
 
+class EvalError(MtpconvError):
+    """``mtpconv eval`` cannot serve the rows (no vLLM, not a variant, a row's process failed)."""
+
+
+class EvalUsageError(EvalError):
+    """An eval request that cannot work (a bad batch list, row name or engine argument): exit 2."""
+
+    exit_code = 2
+
+
 class Interrupted(MtpconvError):
     """The user interrupted a run (Ctrl-C / SIGTERM); nothing was left half-written."""
 

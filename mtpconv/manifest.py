@@ -58,6 +58,8 @@ from mtpconv.errors import DraftWindowError, ManifestError
 from mtpconv.jsonio import read_json, write_text_durably
 
 MANIFEST_NAME = "mtpconv.json"
+# `mtpconv eval`'s report, kept beside the manifest; publish puts it in the model card.
+EVAL_REPORT_NAME = "mtpconv-eval.json"
 DRAFT_VOCAB_IDS_NAME = "mtp_draft_vocab_ids.pt"
 DRAFT_HEAD_NAME = "mtp.draft_lm_head"
 # The truncated head lives in a subdirectory: vLLM loads only root *.safetensors (of the

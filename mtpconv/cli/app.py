@@ -20,6 +20,7 @@ from mtpconv.cli import render
 from mtpconv.cli.options import (
     BalanceTpOpt,
     BaseModelOpt,
+    BatchOpt,
     BranchOpt,
     ClearOpt,
     CommitMessageOpt,
@@ -34,8 +35,11 @@ from mtpconv.cli.options import (
     DraftVocabSizeOpt,
     DraftWindowOpt,
     DryRunOpt,
+    EngineArgOpt,
     EvalCorpusOpt,
+    EvalMaxTokensOpt,
     EvalPromptsOpt,
+    EvalVariantArg,
     FixDestinationArg,
     ForceOpt,
     FullOpt,
@@ -47,16 +51,20 @@ from mtpconv.cli.options import (
     KeepCardOpt,
     MaxNewTokensOpt,
     MaxTokensOpt,
+    NoSaveOpt,
     OutputOpt,
     PlotOpt,
     PrivateOpt,
+    PromptsOpt,
     PublishDryRunOpt,
     QuietOpt,
     RepoIdOpt,
     RevisionOpt,
+    RowsOpt,
     SeedOpt,
     SizeOpt,
     SourceArg,
+    SpecTokensOpt,
     TemperatureOpt,
     TextFieldOpt,
     TokenOpt,
@@ -370,3 +378,44 @@ def build_draft_vocab_cmd(
             generation_progress=progress if generate is not None else None,
         )
     render.show(report, render.render_draft_vocab, as_json=as_json)
+
+
+@app.command("eval")
+def eval_cmd(
+    source: SourceArg,
+    variant: EvalVariantArg,
+    *,
+    prompts: PromptsOpt = None,
+    k: SpecTokensOpt = 3,
+    batch: BatchOpt = "1,8",
+    max_tokens: EvalMaxTokensOpt = 128,
+    rows: RowsOpt = None,
+    engine_arg: EngineArgOpt = None,
+    no_save: NoSaveOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Serve SRC and VARIANT in vLLM, a fresh process per row: same output? accepted? faster?"""
+    _apply_switches(quiet=quiet, debug=debug)
+    import shlex
+    import sys
+
+    from mtpconv.commands.evaluate import evaluate, parse_batches, parse_engine_args, parse_rows
+
+    report = evaluate(
+        source,
+        variant,
+        prompts_file=prompts,
+        num_speculative_tokens=k,
+        batches=parse_batches(batch),
+        max_tokens=max_tokens,
+        rows=parse_rows(rows),
+        engine_args=parse_engine_args(engine_arg or []),
+        save=not no_save,
+        command=shlex.join(["mtpconv", *sys.argv[1:]]),
+        notify=console.info,
+    )
+    render.show(report, render.render_eval, as_json=as_json)
+    if not report.ok:
+        raise typer.Exit(1)

@@ -237,3 +237,51 @@ FullOpt = Annotated[
     bool,
     typer.Option("--full", help="Also hash the files the manifest records without a sha256 (slow)."),
 ]
+
+# eval
+EvalVariantArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="VARIANT",
+        help="The -mtpfp8 variant of SRC: a local directory or a Hub repo id.",
+        show_default=False,
+    ),
+]
+PromptsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--prompts",
+        metavar="PROMPTS.jsonl",
+        exists=True,
+        dir_okay=False,
+        help="Prompts, one JSON object a line (as for build-draft-vocab --generate); default built in.",
+    ),
+]
+SpecTokensOpt = Annotated[
+    int, typer.Option("-k", "--num-speculative-tokens", metavar="K", min=1, help="Drafts per step.")
+]
+BatchOpt = Annotated[
+    str, typer.Option("--batch", metavar="B[,B...]", help="Batch sizes to time, comma-separated.")
+]
+EvalMaxTokensOpt = Annotated[
+    int, typer.Option("--max-tokens", metavar="N", min=1, help="Tokens generated per prompt.")
+]
+RowsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rows",
+        metavar="ROW[,ROW...]",
+        help="Rows to serve: no-spec, source-mtp, variant-stock, variant-plugin (default all).",
+    ),
+]
+EngineArgOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--engine-arg",
+        metavar="KEY=VALUE",
+        help="A keyword argument of vLLM's LLM for every row (JSON value), e.g. max_model_len=4096.",
+    ),
+]
+NoSaveOpt = Annotated[
+    bool, typer.Option("--no-save", help="Do not write mtpconv-eval.json into the variant directory.")
+]

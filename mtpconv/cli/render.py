@@ -29,12 +29,13 @@ if TYPE_CHECKING:
     from mtpconv.commands.set_draft_window import DraftWindowReport
     from mtpconv.commands.verify import VerifyReport
     from mtpconv.draft_vocab.report import DraftVocabReport
+    from mtpconv.evaluation.report import EvalReport
     from mtpconv.quantconfig.stock_view import StockView
 
 _Report = TypeVar(
     "_Report",
     bound="InspectReport | ConversionReport | FixReport | DraftVocabReport | DraftWindowReport"
-    " | VerifyReport",
+    " | VerifyReport | EvalReport",
 )
 
 _SEVERITY_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -46,7 +47,8 @@ def render_json(
     | FixReport
     | DraftVocabReport
     | DraftWindowReport
-    | VerifyReport,
+    | VerifyReport
+    | EvalReport,
 ) -> None:
     """A report as one JSON document on stdout (``--json``)."""
     console.emit_json(report.to_dict())
@@ -313,3 +315,77 @@ def verify_failure(r: VerifyReport) -> str:
 def _echo(line: str) -> None:
     # Plain text, not rich markup: paths and card text may hold brackets rich would eat.
     typer.echo(line)
+
+
+def _fraction(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render_eval(r: EvalReport) -> None:
+    """Per row and batch: same output, acceptance, decode speed; then each drafter module's kernel."""
+    title = (
+        f"[bold]{escape(r.variant)}[/bold] against {escape(r.source)}: k = {r.num_speculative_tokens}, "
+        f"{r.max_tokens} tokens a prompt, prompts {escape(r.prompts)}; vLLM {r.vllm_version or '?'} "
+        f"on {escape(r.device or '?')}"
+    )
+    t = Table(title=title, title_justify="left")
+    for col in (
+        "row",
+        "runner",
+        "batch",
+        "same as no-spec",
+        "accepted / drafted",
+        "mean accepted length (served)",
+        "decode tok/s",
+        "vs source-mtp",
+        "vs no-spec",
+    ):
+        t.add_column(col)
+    for row in r.rows:
+        if row.error is not None:
+            t.add_row(
+                row.row.value, "-", "-", f"[red]failed[/red] (log {escape(row.log)})", "", "", "", "", ""
+            )
+            continue
+        for b in row.batches:
+            same = (
+                "-"
+                if b.identical is None
+                else ("[green]yes[/green]" if b.identical else f"[red]no[/red] ({b.first_difference})")
+            )
+            accepted = f"{b.accepted} / {b.draft_tokens}" if b.draft_tokens else "-"
+            lengths = (
+                f"{_fraction(b.served_mean_length, 2)} (counters {_fraction(b.counter_mean_length, 2)})"
+                if b.drafts
+                else "-"
+            )
+            speed = b.decode_tokens_per_second or b.output_tokens_per_second
+            t.add_row(
+                row.row.value,
+                row.model_runner or "-",
+                str(b.batch),
+                same,
+                accepted,
+                lengths,
+                f"{speed:.1f}",
+                _fraction(b.speedup_vs_source_mtp, 2),
+                _fraction(b.speedup_vs_no_spec, 2),
+            )
+    out_console.print(t)
+    kernels = Table(title="[bold]drafter modules as vLLM built them[/bold]", title_justify="left")
+    for col in ("row", "module", "method", "kernel", "weight", "n"):
+        kernels.add_column(col)
+    for row in r.rows:
+        if row.probe_error:
+            kernels.add_row(
+                row.row.value, "-", f"[yellow]probe failed: {escape(row.probe_error)}[/yellow]", "", "", ""
+            )
+        for kind, m in row.drafter_modules.items():
+            kernels.add_row(
+                row.row.value, escape(kind), m["method"], escape(m["kernel"]), m["dtype"], str(m["count"])
+            )
+    if kernels.row_count:
+        out_console.print(kernels)
+    for row in r.rows:
+        if row.error is not None:
+            console.error(f"row {row.row.value} failed: {row.error} (log: {row.log})")

@@ -87,7 +87,7 @@ def target_engine(model: Path, *, seed: int, engine_args: dict[str, Any] | None 
         gc.collect()
 
 
-def _engine_prompts(llm: Any, prompts: Sequence[Prompt]) -> list[Any]:
+def engine_prompts(llm: Any, prompts: Sequence[Prompt]) -> list[Any]:
     """Text prompts as they are; chats rendered with the checkpoint's chat template to ids."""
     from vllm.inputs import TextPrompt, TokensPrompt
 
@@ -136,7 +136,7 @@ def generate_counts(
             )
             for i in range(len(chunk))
         ]
-        outputs = llm.generate(_engine_prompts(llm, chunk), params, use_tqdm=False)
+        outputs = llm.generate(engine_prompts(llm, chunk), params, use_tqdm=False)
         ids = np.fromiter((t for o in outputs for t in o.outputs[0].token_ids), dtype=np.int64)
         if ids.size and int(ids.max()) >= vocab_size:
             raise DraftVocabError(f"the model generated id {int(ids.max())} >= vocab_size {vocab_size}.")
