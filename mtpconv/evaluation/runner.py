@@ -44,8 +44,13 @@ def other_plugins() -> list[str]:
 
 
 def row_environment(row: Row, base: dict[str, str]) -> dict[str, str]:
-    """``base`` with ``VLLM_PLUGINS`` set so that mtpconv's plugin is on exactly for the plugin row."""
+    """``base`` with ``VLLM_PLUGINS`` set so that mtpconv's plugin is on exactly for the plugin row.
+
+    ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` lets vLLM's engine process receive the drafter probe
+    (a Python function; :mod:`mtpconv.evaluation.probe`) when the engine runs in its own process.
+    """
     env = dict(base)
+    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if row.plugin:
         allowed = env.get("VLLM_PLUGINS")
         if allowed is not None and PLUGIN_NAME not in [n.strip() for n in allowed.split(",")]:

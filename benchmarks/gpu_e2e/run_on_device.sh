@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One GPU end-to-end stage on the device machine, from the project root, after setup_on_device.sh:
+#   benchmarks/gpu_e2e/run_on_device.sh mimo|next [default|v1|v2]
+# Builds the real-shape planted checkpoint (planted_real.py; LAYERS= overrides the depth: mimo 36,
+# next 8), converts it with the real CLI on the GPU (next: with a 32k FP8 draft head from
+# examples/corpus.jsonl), then runs `mtpconv eval` (k = 3, batch 1 and 8, 128 tokens, vLLM's
+# defaults: torch.compile and CUDA graphs) on the runner asked for (default: vLLM's choice;
+# v1 / v2 set VLLM_USE_V2_MODEL_RUNNER). ROWS= limits the rows. Writes $OUT/<stage>-<runner>.json
+# (the report) and $OUT/<stage>-<runner>-logs.tgz (each row's log and result). The checkpoints stay
+# in /tmp/e2e for the next stage on a warm machine. Ends before the device's 600 s call limit
+# (DEADLINE= seconds, default 570): a row still running then is stopped and its log kept.
+set -uo pipefail
+STAGE=${1:?stage: mimo or next}
+RUNNER=${2:-default}
+END=$((SECONDS + ${DEADLINE:-570}))
+export PYTHONPATH="$PWD:/tmp/vsite" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/e2e-out}
+mkdir -p "$OUT" /tmp/e2e
+case $RUNNER in
+  v1) export VLLM_USE_V2_MODEL_RUNNER=0 ;;
+  v2) export VLLM_USE_V2_MODEL_RUNNER=1 ;;
+  default) ;;
+  *) echo "runner: default, v1 or v2" >&2; exit 2 ;;
+esac
+case $STAGE in
+  mimo) SHAPE=mimo-7b; LAYERS=${LAYERS:-36}; HEAD=(); ENGINE=(--engine-arg trust_remote_code=true) ;;
+  next) SHAPE=qwen3-next-80b; LAYERS=${LAYERS:-8}; HEAD=(--draft-vocab /tmp/e2e/$SHAPE.ids.pt); ENGINE=() ;;
+  *) echo "stage: mimo or next" >&2; exit 2 ;;
+esac
+SRC=/tmp/e2e/$SHAPE-L$LAYERS
+VAR=$SRC-mtpfp8
+MTPCONV=(python3 -m mtpconv)
+t0=$SECONDS
+[ -f "$SRC/config.json" ] || python3 benchmarks/gpu_e2e/planted_real.py "$SRC" --shape "$SHAPE" --layers "$LAYERS" || exit 1
+if [ ${#HEAD[@]} -gt 0 ] && [ ! -f "/tmp/e2e/$SHAPE.ids.pt" ]; then
+  "${MTPCONV[@]}" -q build-draft-vocab "$SRC" --corpus examples/corpus.jsonl --size 32768 -o "/tmp/e2e/$SHAPE.ids.pt" || exit 1
+fi
+[ -f "$VAR/mtpconv.json" ] || "${MTPCONV[@]}" quantize-mtp "$SRC" "$VAR" --device cuda "${HEAD[@]}" || exit 1
+echo "checkpoints ready in $((SECONDS - t0)) s; $(du -sh "$SRC" | cut -f1) source" >&2
+export TMPDIR=/tmp/e2e/rows-$STAGE-$RUNNER
+rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
+timeout $((END - SECONDS)) "${MTPCONV[@]}" eval "$SRC" "$VAR" -k 3 --batch 1,8 --max-tokens 128 \
+  ${ROWS:+--rows "$ROWS"} --engine-arg max_model_len=4096 "${ENGINE[@]}" --json --no-save \
+  > "$OUT/$STAGE-$RUNNER.json"
+rc=$?
+tar czf "$OUT/$STAGE-$RUNNER-logs.tgz" -C "$TMPDIR" . 2>/dev/null
+echo "stage $STAGE ($RUNNER) ended with $rc after $SECONDS s" >&2
+exit $rc
