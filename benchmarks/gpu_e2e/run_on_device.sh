@@ -24,7 +24,9 @@ case $RUNNER in
 esac
 case $STAGE in
   mimo) SHAPE=mimo-7b; LAYERS=${LAYERS:-36}; HEAD=(); ENGINE=(--engine-arg trust_remote_code=true) ;;
-  next) SHAPE=qwen3-next-80b; LAYERS=${LAYERS:-8}; HEAD=(--draft-vocab /tmp/e2e/$SHAPE.ids.pt); ENGINE=() ;;
+  next) SHAPE=qwen3-next-80b; LAYERS=${LAYERS:-8}; HEAD=(--draft-vocab /tmp/e2e/$SHAPE.ids.pt)
+        # GDN prefill: FlashInfer's is JIT-built and the bundle carries no FlashInfer; Triton/FLA.
+        ENGINE=(--engine-arg gdn_prefill_backend=triton) ;;
   *) echo "stage: mimo or next" >&2; exit 2 ;;
 esac
 SRC=/tmp/e2e/$SHAPE-L$LAYERS

@@ -19,4 +19,8 @@ if [ ! -d /tmp/vsite/vllm ]; then
   rm -rf bundle
   cd "$REPO"
 fi
+# Wheels carried beside the parts (.gpuv/*.whl other than zstandard) go in too.
+for w in "$REPO"/.gpuv/*.whl; do
+  case $w in *zstandard-*|*'*'*) ;; *) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite "$w" ;; esac
+done
 PYTHONPATH="$REPO:/tmp/vsite" python3 -c "import torch, vllm; print('vLLM', vllm.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))"
