@@ -335,7 +335,8 @@ BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 
 def readme_table() -> str:
-    """The README's table of families: what each variant stores FP8 and what stays BF16."""
+    """The README's table of families: what each variant stores FP8 and what stays BF16, then
+    every vLLM MTP architecture without a row, with the reason."""
     lines = [
         "| family | vLLM MTP class (file) | FP8 in the variant | stays BF16 |",
         "|---|---|---|---|",
@@ -347,6 +348,8 @@ def readme_table() -> str:
             f"| {row.name} | {', '.join(row.vllm_mtp)} (`{row.source}`) | {'; '.join(row.fp8)} | "
             f"{'; '.join(bf16)} |"
         )
+    for arch, why in UNSUPPORTED.items():
+        lines.append(f"| (no row) | {arch} | — | {why} |")
     return "\n".join(lines) + "\n"
 
 

@@ -49,6 +49,7 @@ class Spec:
     declare_mtp: bool = True  # write mtp_num_hidden_layers / num_nextn_predict_layers
     write_mtp: bool = True  # write the MTP tensors
     seed: int = 0
+    max_context: int | None = 262144  # max_position_embeddings, as every real Qwen3.5 config has it
     extra_config: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -269,6 +270,8 @@ def make_config(s: Spec) -> dict[str, Any]:
         "rms_norm_eps": 1e-6,
         "tie_word_embeddings": s.tie_word_embeddings,
     }
+    if s.max_context is not None:
+        text["max_position_embeddings"] = s.max_context
     if s.is_moe:
         text.update(
             num_experts=s.experts, num_experts_per_tok=s.experts_per_tok, moe_intermediate_size=s.intermediate
