@@ -8,7 +8,9 @@ channel / dynamic-token group. NVFP4 layers are compared by scheme dict only: th
 scheme builds its kernel on construction, which raises on CPU. The dense drafter linears
 are also built as vLLM ``ReplicatedLinear`` layers, loaded with the variant's stored
 ``weight`` / ``weight_scale [out, 1]`` and run. Routed FP8 experts need AMX or a GPU to
-run here, so for them this config-level check is the proof.
+run here, so for them this config-level check is the proof, and fused 3-D FP8 experts (issue
+47) are loaded through vLLM's own routed-experts loader into the layer its CT MoE method built
+(``w13_weight`` / ``w2_weight`` FP8 and their ``[E, out, 1]`` scales, byte for byte).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 from safetensors import safe_open
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.distributed import init_distributed_environment, initialize_model_parallel
+from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
 from vllm.model_executor.layers.linear import ReplicatedLinear
 from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
     CompressedTensorsConfig)
@@ -93,6 +96,29 @@ with set_current_vllm_config(vc):
                 "kernel": type(lin.scheme.fp8_linear).__name__,
                 "scale_shape": list(s.shape),
                 "rel_err": float((y - ref).norm() / ref.norm())}
+        res["experts"] = {}
+        for layer_name in case["fused_experts"]:
+            # vLLM's own routed-experts loader, fed the variant's fused tensors by their names
+            # relative to the layer (as AutoWeightsLoader hands them down)
+            mine = {k[len(layer_name) + 1:]: v for k, v in tensors.items() if k.startswith(layer_name + ".")}
+            n_exp, two_i, hidden = mine["gate_up_proj"].shape
+            moe = FusedMoEFactory(num_experts=n_exp, top_k=1, hidden_size=hidden,
+                                  intermediate_size=two_i // 2, quant_config=var, prefix=layer_name,
+                                  params_dtype=torch.bfloat16)
+            routed = next(m for m in moe.modules() if type(m).__name__ == "RoutedExperts")
+            params = dict(routed.named_parameters())
+            for p in params.values():
+                p.data.zero_()
+            loaded = sorted(set(moe.load_weights(list(mine.items()))))
+            same = {
+                "w13_weight": torch.equal(params["w13_weight"].view(torch.uint8), mine["gate_up_proj"].view(torch.uint8)),
+                "w2_weight": torch.equal(params["w2_weight"].view(torch.uint8), mine["down_proj"].view(torch.uint8)),
+                "w13_weight_scale": torch.equal(params["w13_weight_scale"], mine["gate_up_proj_scale"]),
+                "w2_weight_scale": torch.equal(params["w2_weight_scale"], mine["down_proj_scale"]),
+            }
+            res["experts"][layer_name] = {
+                "method": type(routed.quant_method).__name__, "loaded": loaded, "same": same,
+                "dtypes": {k: str(v.dtype) for k, v in params.items()}}
         result.append(res)
 json.dump(result, sys.stdout)
 """
@@ -114,6 +140,7 @@ def _case(root: Path, name: str, spec: Spec) -> dict[str, Any]:
         "target": target,
         "drafter": drafter,
         "dense": sorted(m for m in fp8 if ".experts." not in m),
+        "fused_experts": sorted({m.rsplit(".", 1)[0] for m in fp8 if m.endswith(".experts.gate_up_proj")}),
         "files": [str(p) for p in sorted(out.glob("*.safetensors"))],
     }
 
@@ -127,6 +154,15 @@ def test_vllm_reads_the_ct_variant_drafter_as_fp8_and_the_target_as_before(tmp_p
             tmp_path, "nvfp4-drafter", Spec(family="qwen3_5_moe", quant="ct_nvfp4", drafter_quant="ct_nvfp4")
         ),
         _case(tmp_path, "bf16-drafter", Spec(family="qwen3_5_moe", quant="ct_nvfp4", shards=2)),
+        # llm-compressor's Qwen3.5 NVFP4 example (issue 47): mtp.* copied as stored, fused 3-D
+        # experts, re:^mtp.* ignored; a VLM with GDN layers and its vision tower quantized
+        _case(
+            tmp_path,
+            "fused-drafter",
+            Spec(
+                family="qwen3_5_moe", quant="ct_nvfp4", fused_experts="drafter", vlm=True, gdn_and_vision=True
+            ),
+        ),
     ]
     answers = run_with_vllm(_ORACLE, cases, timeout=400)
     for case, res in zip(cases, answers, strict=True):
@@ -148,6 +184,12 @@ def test_vllm_reads_the_ct_variant_drafter_as_fp8_and_the_target_as_before(tmp_p
                     "token",
                     True,
                 )
+        assert set(res["experts"]) == set(case["fused_experts"])
+        for layer, loaded in res["experts"].items():
+            assert loaded["method"] == "CompressedTensorsW8A8Fp8MoEMethod", layer
+            assert loaded["loaded"] == [f"routed_experts.{p}" for p in sorted(loaded["same"])], layer
+            assert all(loaded["same"].values()), (layer, loaded["same"])
+            assert loaded["dtypes"]["w13_weight"] == loaded["dtypes"]["w2_weight"] == "torch.float8_e4m3fn"
         assert set(res["run"]) == set(case["dense"])
         for module, run in res["run"].items():
             assert run["scheme"] == "CompressedTensorsW8A8Fp8" and run["strategy"] == "channel", module
