@@ -160,7 +160,7 @@ def test_quantize_mtp_keeps_the_target_and_converts_the_drafter(key: tuple[str, 
     row = ROWS[key[0]]
     src = _source(key, tmp_path)
     before = tree_digest(src)
-    report = quantize_mtp(str(src), tmp_path / "dst", device="cpu")
+    report = quantize_mtp(str(src), tmp_path / "dst", device="cpu", fp8_from_4bit=True)
     layout = report.plan.layout
     assert layout.family == row.name
     assert tree_digest(src) == before  # the source is untouched
@@ -192,7 +192,7 @@ def test_a_failed_conversion_leaves_nothing(
 
     monkeypatch.setattr(mtpconv.variant, "verify_output", fail)
     with pytest.raises(ConversionError):
-        quantize_mtp(str(src), tmp_path / "out" / "dst", device="cpu")
+        quantize_mtp(str(src), tmp_path / "out" / "dst", device="cpu", fp8_from_4bit=True)
     assert not (tmp_path / "out" / "dst").exists()
     assert [p.name for p in (tmp_path / "out").iterdir()] == []
 

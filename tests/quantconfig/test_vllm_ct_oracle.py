@@ -129,7 +129,7 @@ FP8_WEIGHTS = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric
 def _case(root: Path, name: str, spec: Spec) -> dict[str, Any]:
     src = write_checkpoint(root / f"{name}-src", spec)
     out = root / f"{name}-out"
-    report = quantize_mtp(str(src), out, device="cpu")
+    report = quantize_mtp(str(src), out, device="cpu", fp8_from_4bit=True)
     fp8 = {lin.module for lin in report.plan.linears}
     modules = linear_modules(load_checkpoint_files(src).tensors)
     target = sorted({vllm_view(m)[1] for m in modules if m not in fp8})
