@@ -32,6 +32,14 @@ _DS_PLAIN = (("eh_proj", NN_LINEAR),)
 _DSA_PLAIN = (("eh_proj", NN_LINEAR), ("weights_proj", NO_QUANT), ("wk", NO_QUANT))
 _MLA_LEAVES = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "wq_b")
 
+# Target modules of the Qwen3-Next / Qwen3.5 models that vLLM 0.32 builds without a quant
+# method, whatever the config declares: the GDN layers' conv1d (a ColumnParallelLinear made with
+# no quant_config, layers/mamba/gdn/qwen_gdn_linear_attn.py) and the vision tower's patch
+# embedding (Conv3dLayer) and position embedding (nn.Embedding) (models/qwen3_vl.py, which
+# qwen3_5.py builds its tower with).
+_QWEN_GDN_PLAIN = r"\.linear_attn\.conv1d$"
+_QWEN_VL_PLAIN = _QWEN_GDN_PLAIN + r"|(^|\.)visual\.(patch_embed\.proj|pos_embed)$"
+
 # Detection order: the first row whose model_type / architecture matches, else the first
 # whose marker does. Rows are ordered so that a marker never steals another family's checkpoint.
 FAMILIES: tuple[Family, ...] = (
@@ -292,6 +300,7 @@ FAMILIES: tuple[Family, ...] = (
         ships_nvfp4=True,
         draft_vocab=True,
         fp8=("fc", "attention and MLP linears", "routed experts (blocks)"),
+        target_plain=_QWEN_GDN_PLAIN,
     ),
     Family(
         # before the Qwen3.5 rows: its text_config is a qwen3_5_moe_text
@@ -303,6 +312,7 @@ FAMILIES: tuple[Family, ...] = (
         drafter_at=DrafterAt.MTP,
         # a Qwen3_5MoeMTP whose MoE has its own mtp_num_experts (vLLM's speculative config)
         fp8=("fc", "attention and MLP linears", "routed experts (blocks)"),
+        target_plain=_QWEN_GDN_PLAIN,
     ),
     Family(
         "qwen3_5_moe",
@@ -315,6 +325,7 @@ FAMILIES: tuple[Family, ...] = (
         ships_nvfp4=True,
         draft_vocab=True,
         fp8=("fc", "attention and MLP linears", "routed experts (blocks)"),
+        target_plain=_QWEN_VL_PLAIN,
     ),
     Family(
         "qwen3_5",
@@ -326,6 +337,7 @@ FAMILIES: tuple[Family, ...] = (
         ships_nvfp4=True,
         draft_vocab=True,
         fp8=("fc", "attention and MLP linears"),
+        target_plain=_QWEN_VL_PLAIN,
     ),
     KIMI_K3,
     DEEPSEEK_V4,
@@ -335,7 +347,8 @@ BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 
 def readme_table() -> str:
-    """The README's table of families: what each variant stores FP8 and what stays BF16."""
+    """The README's table of families: what each variant stores FP8 and what stays BF16, then
+    every vLLM MTP architecture without a row, with the reason."""
     lines = [
         "| family | vLLM MTP class (file) | FP8 in the variant | stays BF16 |",
         "|---|---|---|---|",
@@ -347,6 +360,8 @@ def readme_table() -> str:
             f"| {row.name} | {', '.join(row.vllm_mtp)} (`{row.source}`) | {'; '.join(row.fp8)} | "
             f"{'; '.join(bf16)} |"
         )
+    for arch, why in UNSUPPORTED.items():
+        lines.append(f"| (no row) | {arch} | — | {why} |")
     return "\n".join(lines) + "\n"
 
 

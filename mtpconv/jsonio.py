@@ -11,6 +11,7 @@ one, never half of one; the sha256 of what was written is returned.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -18,9 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mtpconv.errors import MtpconvError
+from mtpconv.errors import MtpconvError, OutputError
 
 _TMP_SUFFIX = ".mtpconv-tmp"
+# A directory that refuses new files: no permission, immutable, read-only filesystem.
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def no_duplicate_keys(where: object, error: type[MtpconvError]) -> Callable[[list[tuple[str, Any]]], Any]:
@@ -100,11 +103,18 @@ def write_file_durably(path: str | os.PathLike[str], write: Callable[[Path], Non
     """Let ``write`` fill a temporary sibling, fsync it and rename it over ``path``."""
     target = Path(path)
     tmp = temp_sibling(target)
-    tmp.unlink(missing_ok=True)  # left by a killed run: drop the name, never write through it
     try:
+        tmp.unlink(missing_ok=True)  # left by a killed run: drop the name, never write through it
         write(tmp)
         fsync_file(tmp)
         os.replace(tmp, target)
+    except OSError as exc:
+        if exc.errno in _NOT_WRITABLE:
+            raise OutputError(
+                f"{target.parent} is not writable ({exc.strerror}): {target.name} is replaced "
+                "through a new file beside it. Make the directory writable and try again."
+            ) from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     return target

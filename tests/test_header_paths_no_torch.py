@@ -79,9 +79,9 @@ def test_a_cpu_conversion_of_a_bf16_drafter_imports_no_torch(
 
 def test_the_probe_sees_torch_when_a_command_needs_it(tmp_path: Path) -> None:
     src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5", drafter_quant="nvfp4"))
-    assert _probe(["quantize-mtp", str(src), str(tmp_path / "v"), "--device", "cpu", "-q"]) == (
-        "EXIT 0 TORCH True NUMPY True"
-    )
+    assert _probe(
+        ["quantize-mtp", str(src), str(tmp_path / "v"), "--device", "cpu", "-q", "--fp8-from-4bit"]
+    ) == ("EXIT 0 TORCH True NUMPY True")
 
 
 def test_build_draft_vocab_from_a_corpus_imports_no_torch(tmp_path: Path) -> None:

@@ -403,6 +403,23 @@ def _(w: Path, f: Fixtures) -> Case:
     return Case(_q(src, w), ["model.safetensors", "outside the checkpoint"])
 
 
+@case("quantize-shard-symlink-to-itself")
+def _(w: Path, f: Fixtures) -> Case:
+    src = _copy(f.sharded, w)
+    (src / SHARD1).unlink()
+    (src / SHARD1).symlink_to(SHARD1)
+    return Case(_q(src, w), [SHARD1, "symlink loop"])
+
+
+@case("inspect-single-file-two-link-cycle")
+def _(w: Path, f: Fixtures) -> Case:
+    src = _copy(f.small, w)
+    (src / "model.safetensors").unlink()
+    (src / "model.safetensors").symlink_to("other.safetensors")
+    (src / "other.safetensors").symlink_to("model.safetensors")
+    return Case(["inspect", str(src)], ["symlink loop", ".safetensors"])
+
+
 # --- configs --------------------------------------------------------------------------
 
 
@@ -465,6 +482,19 @@ def _(w: Path, f: Fixtures) -> Case:
     src = _copy(f.sharded, w)
     (src / "hf_quant_config.json").write_text("quantization: NVFP4")
     return Case(_q(src, w), ["hf_quant_config.json", "not valid JSON"])
+
+
+@case("quantize-mixed-precision-without-quantized-layers")
+def _(w: Path, f: Fixtures) -> Case:
+    """vLLM refuses such a config ("MIXED_PRECISION quant_algo requires a non-empty
+    'quantized_layers' mapping"): no variant is written from it."""
+    src = _copy(f.sharded, w)
+    for name, key in (("hf_quant_config.json", "quantization"), ("config.json", "quantization_config")):
+        doc = json.loads((src / name).read_text())
+        doc[key]["quant_algo"] = "MIXED_PRECISION"
+        doc[key]["quantized_layers"] = {}
+        (src / name).write_text(json.dumps(doc))
+    return Case(_q(src, w), ["quantized_layers", "empty", "MIXED_PRECISION", "vLLM refuses"])
 
 
 @case("fix-exclusions-hf-quant-config-missing-quantization")

@@ -77,7 +77,7 @@ def test_nvfp4_vlm_moe_variant(nvfp4_vlm_moe: Path, tmp_path: Path) -> None:
     src = nvfp4_vlm_moe
     digest = tree_digest(src)
     dst = tmp_path / "out-mtpfp8"
-    report = quantize_mtp(str(src), dst, device="cpu")
+    report = quantize_mtp(str(src), dst, device="cpu", fp8_from_4bit=True)
     assert tree_digest(src) == digest, "source changed"
     _check_variant(src, dst)
     assert len(report.plan.linears) == 20 and report.max_rel_l2 < 0.05
@@ -110,7 +110,7 @@ def test_nvfp4_vlm_moe_variant(nvfp4_vlm_moe: Path, tmp_path: Path) -> None:
 def test_bf16_single_file(bf16_next: Path, tmp_path: Path) -> None:
     digest = tree_digest(bf16_next)
     dst = tmp_path / "v"
-    quantize_mtp(str(bf16_next), dst, device="cpu")
+    quantize_mtp(str(bf16_next), dst, device="cpu", fp8_from_4bit=True)
     assert tree_digest(bf16_next) == digest
     _check_variant(bf16_next, dst)
     # A BF16 source: a declaration that lists only the drafter's FP8 linears, in both files.
@@ -129,7 +129,7 @@ def test_nvfp4_drafter_dequantized_exactly(tmp_path: Path) -> None:
         tmp_path / "src", Spec(family="qwen3_next", quant="nvfp4", drafter_quant="nvfp4", exclude=["lm_head"])
     )
     dst = tmp_path / "dst"
-    quantize_mtp(str(src), dst, device="cpu")
+    quantize_mtp(str(src), dst, device="cpu", fp8_from_4bit=True)
     w = dequantize_nvfp4(
         load_tensor(src, "mtp.fc.weight"),
         load_tensor(src, "mtp.fc.weight_scale"),
@@ -146,7 +146,7 @@ def test_nvfp4_drafter_dequantized_exactly(tmp_path: Path) -> None:
 def test_fused_experts_scale_per_expert(tmp_path: Path) -> None:
     src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5_moe", fused_experts=True))
     dst = tmp_path / "dst"
-    quantize_mtp(str(src), dst, device="cpu")
+    quantize_mtp(str(src), dst, device="cpu", fp8_from_4bit=True)
     w = load_tensor(src, "mtp.layers.0.mlp.experts.gate_up_proj").float()
     scale = load_tensor(dst, "mtp.layers.0.mlp.experts.gate_up_proj_scale_inv")
     # [E, 2 * ceil(I/128), ceil(H/128)]: gate blocks then up blocks, the per-expert value replicated.
@@ -157,16 +157,16 @@ def test_fused_experts_scale_per_expert(tmp_path: Path) -> None:
 
 def test_refusals(nvfp4_vlm_moe: Path, tmp_path: Path) -> None:
     dst = tmp_path / "v"
-    quantize_mtp(str(nvfp4_vlm_moe), dst, device="cpu")
+    quantize_mtp(str(nvfp4_vlm_moe), dst, device="cpu", fp8_from_4bit=True)
     with pytest.raises(OutputError, match="already exists"):
-        quantize_mtp(str(nvfp4_vlm_moe), dst, device="cpu")
+        quantize_mtp(str(nvfp4_vlm_moe), dst, device="cpu", fp8_from_4bit=True)
     with pytest.raises(ConversionError, match="already an -mtpfp8 variant"):
-        quantize_mtp(str(dst), tmp_path / "again", device="cpu")
+        quantize_mtp(str(dst), tmp_path / "again", device="cpu", fp8_from_4bit=True)
     with pytest.raises(OutputError, match="inside the source"):
-        quantize_mtp(str(nvfp4_vlm_moe), nvfp4_vlm_moe / "sub", device="cpu")
+        quantize_mtp(str(nvfp4_vlm_moe), nvfp4_vlm_moe / "sub", device="cpu", fp8_from_4bit=True)
     with pytest.raises(OutputError, match="inside the source"):
-        quantize_mtp(str(nvfp4_vlm_moe), nvfp4_vlm_moe, device="cpu")
-    report = quantize_mtp(str(nvfp4_vlm_moe), dst, device="cpu", force=True)
+        quantize_mtp(str(nvfp4_vlm_moe), nvfp4_vlm_moe, device="cpu", fp8_from_4bit=True)
+    report = quantize_mtp(str(nvfp4_vlm_moe), dst, device="cpu", force=True, fp8_from_4bit=True)
     assert report.linked == 3
 
 
@@ -212,7 +212,7 @@ def test_failure_mid_write_leaves_nothing(
     monkeypatch.setattr(variant, "_quantize", failing)
     digest = tree_digest(nvfp4_vlm_moe)
     with pytest.raises(OSError):
-        quantize_mtp(str(nvfp4_vlm_moe), tmp_path / "v", device="cpu")
+        quantize_mtp(str(nvfp4_vlm_moe), tmp_path / "v", device="cpu", fp8_from_4bit=True)
     assert list(tmp_path.iterdir()) == []
     assert tree_digest(nvfp4_vlm_moe) == digest
 

@@ -40,8 +40,8 @@ def test_checked_quantization_same_bytes_on_cuda(dtype: torch.dtype) -> None:
 )
 def test_quantize_mtp_cuda_matches_cpu(tmp_path: Path, spec: Spec) -> None:
     src = write_checkpoint(tmp_path / "src", spec)
-    quantize_mtp(str(src), tmp_path / "cpu", device="cpu")
-    quantize_mtp(str(src), tmp_path / "cuda", device="cuda")
+    quantize_mtp(str(src), tmp_path / "cpu", device="cpu", fp8_from_4bit=True)
+    quantize_mtp(str(src), tmp_path / "cuda", device="cuda", fp8_from_4bit=True)
     assert raw_tensors(tmp_path / "cpu") == raw_tensors(tmp_path / "cuda")
     for shard in sorted((tmp_path / "cpu").glob("*.safetensors")):
         assert shard.read_bytes() == (tmp_path / "cuda" / shard.name).read_bytes()

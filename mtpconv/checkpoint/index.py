@@ -8,6 +8,7 @@ text of an index for a new checkpoint.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -68,6 +69,19 @@ def _load_index(path: Path) -> dict[str, Any]:
     return doc
 
 
+def _refuse_link_loop(path: Path, rel: str) -> None:
+    """A shard that is a symlink to itself (or a cycle of links) is named as a loop; ``exists``
+    and ``is_file`` would call it missing."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CheckpointFormatError(
+                f"shard {rel!r} is a symlink loop (it links back to itself through "
+                f"{os.readlink(path)!r}); replace it with the shard file or a link to it."
+            ) from None
+
+
 def _check_shard_path(directory: Path, rel: str, link_root: Path | None) -> Path:
     """Refuse shard paths that leave the checkpoint (absolute, ``..``, outside links)."""
     if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
@@ -85,6 +99,7 @@ def _check_shard_path(directory: Path, rel: str, link_root: Path | None) -> Path
             f"write it as {str(pure)!r}."
         )
     path = directory / rel
+    _refuse_link_loop(path, rel)
     try:
         root = (link_root or directory).resolve()
         real = Path(os.path.realpath(path))
@@ -159,6 +174,9 @@ def _load_checkpoint_files(directory: Path, link_root: Path | None) -> Checkpoin
         meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
         return CheckpointFiles(directory, INDEX_NAME, dict(meta or {}), shards, weight_map)
 
+    for p in directory.glob("*.safetensors"):
+        if p.is_symlink():
+            _refuse_link_loop(p, p.name)
     candidates = sorted(p.name for p in directory.glob("*.safetensors") if p.is_file())
     if not candidates:
         raise SourceError(f"{directory} has no safetensors weights (no {INDEX_NAME} and no *.safetensors).")

@@ -69,6 +69,7 @@ from mtpconv.cli.options import (
     TextFieldOpt,
     TokenOpt,
     TopPOpt,
+    UpcastOpt,
     VariantDirArg,
     WindowArg,
 )
@@ -238,6 +239,7 @@ def quantize_mtp_cmd(
     force: ForceOpt = False,
     copy: CopyOpt = False,
     draft_window: DraftWindowOpt = None,
+    fp8_from_4bit: UpcastOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -258,6 +260,7 @@ def quantize_mtp_cmd(
             force=force,
             copy=copy,
             draft_window=draft_window,
+            fp8_from_4bit=fp8_from_4bit,
             progress=progress,
         )
     render.show(report, render.render_conversion, as_json=as_json)

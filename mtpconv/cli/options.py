@@ -63,6 +63,13 @@ HeadDtypeOpt = Annotated[
 ]
 DeviceOpt = Annotated[Device, typer.Option("--device", help="Where the FP8 math runs.")]
 CopyOpt = Annotated[bool, typer.Option("--copy", help="Copy untouched files instead of hard-linking them.")]
+UpcastOpt = Annotated[
+    bool,
+    typer.Option(
+        "--fp8-from-4bit",
+        help="Convert a drafter already stored below 8 bits (NVFP4) to FP8 anyway: it gets larger.",
+    ),
+]
 DraftWindowOpt = Annotated[
     int | None,
     typer.Option(

@@ -7,7 +7,7 @@ is inspected remotely through range requests).
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,10 @@ from mtpconv.families import vllm_quantizable
 from mtpconv.findings import Finding, Severity
 from mtpconv.gc_pause import paused_gc
 from mtpconv.layouts import MtpLayout, Stored, classify_weight, detect_layout, module_of
+from mtpconv.low_bit_drafter import CODE_LOW_BIT_DRAFTER, low_bit_drafter
 from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, Manifest, read_manifest
 from mtpconv.quantconfig.audit import audit_quant_configs
+from mtpconv.quantconfig.compressed_tensors import with_declared_layouts
 from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
 from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
 from mtpconv.quantconfig.stock_view import StockView, source_view, variant_view
@@ -280,6 +282,18 @@ def _inspect(spec: str, revision: str | None, draft_vocab_size: int) -> InspectR
     declared_finding = _drafter_declared_finding(layout, configs) if manifest is None else None
     if declared_finding is not None:
         findings.append(declared_finding)
+    # sized with the scales quantize-mtp would store for this dialect
+    declared = replace(layout, linears=with_declared_layouts(configs, layout.linears))
+    low_bit = low_bit_drafter(declared, files.tensors) if manifest is None else None
+    if low_bit is not None:
+        findings.append(
+            Finding(
+                Severity.WARNING,
+                CODE_LOW_BIT_DRAFTER,
+                "mtp",
+                f"{low_bit.describe()}: quantize-mtp refuses it unless FP8 is asked for explicitly.",
+            )
+        )
     known = CheckpointModules.of(files.tensors)
     findings += audit_quant_configs(
         configs,

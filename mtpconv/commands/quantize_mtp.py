@@ -28,6 +28,7 @@ from mtpconv.errors import ConversionError, interruptible
 from mtpconv.gc_pause import paused_gc
 from mtpconv.jsonio import read_json
 from mtpconv.layouts import MtpLayout, detect_layout, module_of
+from mtpconv.low_bit_drafter import low_bit_drafter
 from mtpconv.manifest import check_draft_window, read_manifest
 from mtpconv.plan import ConversionPlan, build_plan, check_destination
 from mtpconv.quantconfig.compressed_tensors import with_declared_layouts
@@ -197,12 +198,14 @@ def quantize_mtp(
     force: bool = False,
     copy: bool = False,
     draft_window: int | None = None,
+    fp8_from_4bit: bool = False,
     progress: Progress | None = None,
 ) -> ConversionReport:
     """Write the ``-mtpfp8`` variant of ``source_spec`` to ``dst`` (DESIGN §5).
 
     ``draft_window`` records a sliding window for the drafter's attention in the
-    manifest; it must be below the model's max context.
+    manifest; it must be below the model's max context. A drafter already stored below
+    8 bits is refused (FP8 would make it larger) unless ``fp8_from_4bit``.
     """
     started = time.monotonic()
     _device_choice(device)  # a bad value fails before anything is read
@@ -214,6 +217,12 @@ def quantize_mtp(
     dst_path = Path(dst).expanduser()
     check_destination(source.directory, dst_path)
     layout = replace(layout, linears=with_declared_layouts(configs, layout.linears))
+    low_bit = low_bit_drafter(layout, files.tensors)
+    if low_bit is not None and not fp8_from_4bit:
+        raise ConversionError(
+            f"{low_bit.describe()}. Nothing was written; to convert it anyway, ask quantize-mtp "
+            "for FP8 from a 4-bit drafter explicitly (mtpconv quantize-mtp --help)."
+        )
     with paused_gc():
         plan = build_plan(
             files,

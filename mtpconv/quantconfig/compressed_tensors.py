@@ -32,7 +32,7 @@ from mtpconv.layouts import Linear
 from mtpconv.names import drafter_alias
 from mtpconv.quantconfig.declarations import DeclaredQuant, all_declarations, declared_algorithm
 from mtpconv.quantconfig.documents import QuantConfigs, quant_location
-from mtpconv.quantconfig.match import ExclusionPattern, ModuleSet
+from mtpconv.quantconfig.match import ExclusionPattern, ModuleSet, ct_expert_names
 
 METHOD = "compressed-tensors"
 DRAFTER_GROUP = "mtpconv_fp8_drafter"
@@ -73,23 +73,25 @@ def declares_compressed_tensors(configs: QuantConfigs) -> bool:
 
 def with_declared_layouts(configs: QuantConfigs, linears: Iterable[Linear]) -> list[Linear]:
     """The drafter linears with the scale layout a compressed-tensors drafter group needs
-    (``[out, 1]`` per channel); unchanged when the source is not compressed-tensors.
+    (``[out, 1]`` per channel; ``[E, out, 1]`` for a fused 3-D expert tensor); unchanged when
+    the source is not compressed-tensors.
 
-    A fused 3-D expert tensor is refused: vLLM's compressed-tensors MoE method looks experts
-    up as ``experts.0.gate_proj`` etc., so no group could claim it and the FP8 bytes would
-    land in an unquantized layer.
+    Fused experts stay fused: vLLM's routed-experts loader (``RoutedExperts.load_weights``,
+    ``include_fused``) splits a 3-D ``experts.gate_up_proj`` / ``experts.down_proj`` into
+    ``w13_weight`` / ``w2_weight`` by replacing that name, so the channel scale stored as
+    ``experts.gate_up_proj_scale`` reaches ``w13_weight_scale`` the same way and is split per
+    expert and per half like the weight (non-block scales are never transposed).
     """
     linears = list(linears)
     if not declares_compressed_tensors(configs):
         return linears
-    for lin in linears:
-        if len(lin.shape) != 2:
-            raise QuantConfigError(
-                f"{lin.weight} is a fused {len(lin.shape)}-D expert tensor; a compressed-tensors "
-                "config cannot declare it FP8 for vLLM. Convert a checkpoint with per-expert "
-                "tensors (experts.N.gate_proj ...)."
-            )
     return [replace(lin, declared_layout=ScaleLayout.PER_CHANNEL_COLUMN) for lin in linears]
+
+
+def asked_modules(modules: Iterable[str]) -> list[str]:
+    """The names vLLM's compressed-tensors config is asked about for ``modules``, in order,
+    each once: a routed-experts module by its expert-0 projections (`match.ct_expert_names`)."""
+    return list(dict.fromkeys(n for m in modules for n in ct_expert_names(m)))
 
 
 def _vllm_name(module: str) -> str:
@@ -165,6 +167,8 @@ def declare_drafter_fp8(
     Raises `QuantConfigError` when that cannot be reached.
     """
     body, key = _body(config)
+    fp8_linears = asked_modules(fp8_linears)
+    all_modules = asked_modules(all_modules)
     others = sorted(set(all_modules) - set(fp8_linears))
     before = _algorithms(config, others)
     ignore = _list_of(body, "ignore", key)

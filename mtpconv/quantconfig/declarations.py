@@ -84,8 +84,14 @@ def _str_list(value: Any, where: str) -> list[str]:
 
 
 def _quantized_layers(value: Any, where: str) -> dict[str, str]:
-    if value is None:
-        return {}
+    if not value and (value is None or isinstance(value, dict)):
+        # vLLM's ModelOptMixedPrecisionConfig refuses it outright ("MIXED_PRECISION quant_algo
+        # requires a non-empty 'quantized_layers' mapping"): no engine loads this checkpoint.
+        raise QuantConfigError(
+            f"{where} is {'missing' if value is None else 'empty'}: a MIXED_PRECISION config needs "
+            "a non-empty quantized_layers map, and vLLM refuses to load the checkpoint without one. "
+            "List the quantized layers (or declare one quant_algo) and try again."
+        )
     if not isinstance(value, dict):
         raise QuantConfigError(f"{where} must be an object of prefix -> settings.")
     out: dict[str, str] = {}

@@ -76,16 +76,33 @@ FUSED_INTO = {
 COMPRESSED_TENSORS = "compressed-tensors"
 
 
-def ct_expert_name(name: str) -> str:
-    """The name vLLM's compressed-tensors MoE method looks a per-expert module up by:
-    ``...experts.N.proj`` -> ``...experts.0.proj`` (every other name unchanged)."""
+# A fused 3-D routed-experts tensor's leaf -> the per-expert projections it holds.
+_FUSED_EXPERT_PROJECTIONS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+
+
+def _is_fused_expert(parts: list[str]) -> bool:
+    return len(parts) >= 2 and parts[-2] == "experts" and parts[-1] in _FUSED_EXPERT_PROJECTIONS
+
+
+def ct_expert_names(name: str) -> tuple[str, ...]:
+    """The names vLLM's compressed-tensors MoE method looks a routed-experts module up by:
+    ``...experts.N.proj`` -> ``...experts.0.proj``; a fused 3-D ``...experts.gate_up_proj`` ->
+    ``...experts.0.gate_proj`` and ``...experts.0.up_proj`` (``down_proj`` likewise); every
+    other name unchanged."""
     parts = name.split(".")
+    if _is_fused_expert(parts):
+        return tuple(".".join([*parts[:-1], "0", p]) for p in _FUSED_EXPERT_PROJECTIONS[parts[-1]])
     if "experts" not in parts[:-1]:
-        return name
+        return (name,)
     at = parts.index("experts")
     if not parts[at + 1].isdigit() or at + 2 >= len(parts):
-        return name
-    return ".".join([*parts[: at + 1], "0", *parts[at + 2 :]])
+        return (name,)
+    return (".".join([*parts[: at + 1], "0", *parts[at + 2 :]]),)
+
+
+def ct_expert_name(name: str) -> str:
+    """The first of `ct_expert_names`: the one name a module is looked up by."""
+    return ct_expert_names(name)[0]
 
 
 @lru_cache(maxsize=1 << 18)
@@ -102,7 +119,8 @@ def vllm_view(module: str, method: str = "modelopt") -> tuple[str, str]:
     parts = base.split(".")
     if "experts" in parts[:-1]:
         at = parts.index("experts")
-        if method == COMPRESSED_TENSORS and parts[at + 1].isdigit() and at + 2 < len(parts):
+        per_expert = parts[at + 1].isdigit() and at + 2 < len(parts)
+        if method == COMPRESSED_TENSORS and (per_expert or _is_fused_expert(parts)):
             name = ct_expert_name(base)
             return name, name
         layer = ".".join(parts[: at + 1])

@@ -36,7 +36,12 @@ class Spec:
     mtp_layers: int = 1
     experts: int = 4
     experts_per_tok: int = 2
-    fused_experts: bool = False
+    # fused 3-D experts: everywhere (True), or only in the drafter ("drafter": what llm-compressor
+    # leaves a Qwen3.5-MoE export, its target experts quantized per expert, mtp.* copied as stored)
+    fused_experts: bool | str = False
+    # the Qwen3.5 modules vLLM builds without a quant method: a GDN (linear attention) layer 0 with
+    # its conv1d, and (VLM) the vision tower's 5-D patch embedding and position embedding
+    gdn_and_vision: bool = False
     vlm: bool = False  # model.language_model.* names + text_config
     quant: str = "bf16"  # "bf16" | "nvfp4" | "ct_nvfp4" (target linears)
     drafter_quant: str = "bf16"  # "bf16" | "nvfp4" | "ct_nvfp4" (drafter linears)
@@ -49,6 +54,7 @@ class Spec:
     declare_mtp: bool = True  # write mtp_num_hidden_layers / num_nextn_predict_layers
     write_mtp: bool = True  # write the MTP tensors
     seed: int = 0
+    max_context: int | None = 262144  # max_position_embeddings, as every real Qwen3.5 config has it
     extra_config: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -83,7 +89,7 @@ def _layer(p: str, s: Spec, g: torch.Generator, *, moe: bool) -> dict[str, torch
         shared_intermediate=s.intermediate,
         gated_q=qwen,
         shared_name="shared_expert" if qwen else "shared_experts",
-        fused_experts=s.fused_experts,
+        fused_experts=s.fused_experts is True or (s.fused_experts == "drafter" and p.startswith("mtp.")),
     )
     layer = decoder_layer(p, dims, _random_fill(g))
     if s.family == "mimo":
@@ -112,11 +118,41 @@ def build_tensors(s: Spec) -> tuple[dict[str, torch.Tensor], list[str]]:
     if s.vlm:
         t["model.visual.blocks.0.attn.qkv.weight"] = _rand(g, 3 * s.hidden, s.hidden)
         t["model.visual.blocks.0.attn.proj.weight"] = _rand(g, s.hidden, s.hidden)
+    if s.gdn_and_vision:
+        t.update(_gdn_and_vision(s, g, base))
     drafter: dict[str, torch.Tensor] = {}
     if s.write_mtp:
         drafter = _drafter_tensors(s, g)
     t.update(drafter)
     return t, list(drafter)
+
+
+def _gdn_and_vision(s: Spec, g: torch.Generator, base: str) -> dict[str, torch.Tensor]:
+    """Qwen3.5's GDN layer 0 (Gated DeltaNet: in_proj_qkv / z / b / a and out_proj linears, a
+    3-D conv1d, per-head A_log / dt_bias) and, for a VLM, the vision tower's 5-D patch embedding,
+    its position embedding and merger linears, with Qwen3.5's names and ranks."""
+    h, heads, kdim = s.hidden, s.heads, s.head_dim
+    p = f"{base}layers.0.linear_attn."
+    conv = 2 * heads * kdim + heads * kdim  # q, k and v channels
+    t = {
+        f"{p}in_proj_qkv.weight": _rand(g, conv, h),
+        f"{p}in_proj_z.weight": _rand(g, heads * kdim, h),
+        f"{p}in_proj_b.weight": _rand(g, heads, h),
+        f"{p}in_proj_a.weight": _rand(g, heads, h),
+        f"{p}conv1d.weight": _rand(g, conv, 1, 4),
+        f"{p}A_log": _rand(g, heads),
+        f"{p}dt_bias": torch.ones(heads, dtype=torch.bfloat16),
+        f"{p}norm.weight": torch.ones(kdim, dtype=torch.bfloat16),
+        f"{p}out_proj.weight": _rand(g, h, heads * kdim),
+    }
+    if s.vlm:
+        v = "model.visual."
+        t[f"{v}patch_embed.proj.weight"] = _rand(g, h, 3, 2, 16, 16)
+        t[f"{v}patch_embed.proj.bias"] = _rand(g, h)
+        t[f"{v}pos_embed.weight"] = _rand(g, 64, h)
+        t[f"{v}merger.linear_fc1.weight"] = _rand(g, 4 * h, 4 * h)
+        t[f"{v}merger.linear_fc2.weight"] = _rand(g, h, 4 * h)
+    return t
 
 
 def _drafter_tensors(s: Spec, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -185,15 +221,26 @@ def to_nvfp4_ct(w: torch.Tensor, g: torch.Generator) -> dict[str, torch.Tensor]:
     }
 
 
-def _quantizable(name: str, w: torch.Tensor) -> bool:
-    if not name.endswith("_proj.weight") and not name.endswith(".fc.weight"):
+# Qwen3.5's GDN and vision linears whose names do not end in _proj (vLLM builds them quantized).
+_GDN_VISION_LINEARS = tuple(
+    f".{leaf}.weight"
+    for leaf in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+    + ("qkv", "attn.proj", "linear_fc1", "linear_fc2")
+)
+
+
+def _quantizable(name: str, w: torch.Tensor, s: Spec) -> bool:
+    """Whether the producer quantizes this weight: 2-D linears, the vision tower's only in a
+    `Spec.gdn_and_vision` checkpoint (whose configs then do not skip the tower)."""
+    if not name.endswith(("_proj.weight", ".fc.weight", *_GDN_VISION_LINEARS)):
         return False
-    return w.dim() == 2 and "visual" not in name
+    return w.dim() == 2 and ("visual" not in name or s.gdn_and_vision)
 
 
 def nvidia_exclude(s: Spec) -> list[str]:
     """What NVIDIA's Qwen3.5/Qwen3-Next NVFP4 exports exclude: the MTP layers, not mtp.fc."""
-    return ["lm_head", "model.visual*", *[f"mtp.layers.{i}*" for i in range(s.mtp_layers)]]
+    visual = [] if s.gdn_and_vision else ["model.visual*"]
+    return ["lm_head", *visual, *[f"mtp.layers.{i}*" for i in range(s.mtp_layers)]]
 
 
 def quant_configs(s: Spec) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -225,7 +272,7 @@ def ct_ignore(s: Spec) -> list[str]:
     """What llm-compressor's NVFP4 recipes for Qwen MoE ignore: the head, the routers, the
     vision tower and, when it was not quantized, the MTP drafter."""
     ignore = ["lm_head", "re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$"]
-    if s.vlm:
+    if s.vlm and not s.gdn_and_vision:
         ignore.append("re:.*visual.*")
     if s.drafter_quant != "ct_nvfp4":
         ignore.append("re:^mtp.*")
@@ -269,6 +316,8 @@ def make_config(s: Spec) -> dict[str, Any]:
         "rms_norm_eps": 1e-6,
         "tie_word_embeddings": s.tie_word_embeddings,
     }
+    if s.max_context is not None:
+        text["max_position_embeddings"] = s.max_context
     if s.is_moe:
         text.update(
             num_experts=s.experts, num_experts_per_tok=s.experts_per_tok, moe_intermediate_size=s.intermediate
@@ -320,7 +369,7 @@ def write_checkpoint(directory: str | Path, spec: Spec | None = None, **kw: Any)
     for name, w in tensors.items():
         mode = s.drafter_quant if name in drafter_set else s.quant
         head = s.quant_head and name == "lm_head.weight"
-        if mode in ("nvfp4", "ct_nvfp4") and (_quantizable(name, w) or head):
+        if mode in ("nvfp4", "ct_nvfp4") and (_quantizable(name, w, s) or head):
             mod = name[: -len(".weight")]
             encode = to_nvfp4 if mode == "nvfp4" else to_nvfp4_ct
             for k, v in encode(w, g).items():

@@ -83,7 +83,7 @@ def test_any_planned_order_writes_the_same_tensors(
     src = write_checkpoint(tmp_path / "src", spec)
     ids = tmp_path / "ids.pt"
     torch.save(torch.tensor(IDS, dtype=torch.int64), ids)
-    quantize_mtp(str(src), tmp_path / "plain", draft_vocab=ids, device="cpu")
+    quantize_mtp(str(src), tmp_path / "plain", draft_vocab=ids, device="cpu", fp8_from_4bit=True)
 
     real_build_plan = command.build_plan
     detached: list[str] = []
@@ -97,7 +97,7 @@ def test_any_planned_order_writes_the_same_tensors(
         return plan
 
     monkeypatch.setattr(command, "build_plan", reordered_plan)
-    quantize_mtp(str(src), tmp_path / "reordered", draft_vocab=ids, device="cpu")
+    quantize_mtp(str(src), tmp_path / "reordered", draft_vocab=ids, device="cpu", fp8_from_4bit=True)
     assert len(detached) > 2 and "mtp.draft_lm_head.weight_scale" in detached
     plain, reordered = raw_tensors(tmp_path / "plain"), raw_tensors(tmp_path / "reordered")
     assert reordered == plain

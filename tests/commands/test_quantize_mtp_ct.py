@@ -11,7 +11,6 @@ import torch
 
 from mtpconv.commands.inspect import inspect_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
-from mtpconv.errors import QuantConfigError
 from mtpconv.formats.fp8 import quantize_fp8
 from mtpconv.formats.nvfp4 import E2M1_VALUES, dequantize_nvfp4_ct
 from mtpconv.quantconfig.audit import CODE_PLAIN_DECLARED_QUANTIZED, CODE_QUANTIZED_DECLARED_PLAIN
@@ -28,7 +27,7 @@ def ct_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[
         root / "src", Spec(family="qwen3_5_moe", quant="ct_nvfp4", drafter_quant="ct_nvfp4", shards=3)
     )
     before = tree_digest(src)
-    quantize_mtp(str(src), root / "out", device="cpu")
+    quantize_mtp(str(src), root / "out", device="cpu", fp8_from_4bit=True)
     return src, root / "out", before
 
 
@@ -142,11 +141,19 @@ def test_ct_bf16_drafter_ignored_converts_and_declares_fp8(tmp_path: Path) -> No
     assert report.max_rel_l2 < 0.1
 
 
-def test_ct_fused_3d_experts_are_refused_before_writing(tmp_path: Path) -> None:
+def test_ct_fused_3d_experts_are_declared_by_the_names_vllm_asks(tmp_path: Path) -> None:
+    """Fused experts stay fused (vLLM's routed-experts loader splits them, issue 47); the
+    drafter group names them as vLLM's compressed-tensors MoE method looks them up."""
     src = write_checkpoint(tmp_path / "src", Spec(family="qwen3_5_moe", quant="ct_nvfp4", fused_experts=True))
-    with pytest.raises(QuantConfigError, match="fused 3-D expert tensor"):
-        quantize_mtp(str(src), tmp_path / "out", device="cpu")
-    assert not (tmp_path / "out").exists()
+    quantize_mtp(str(src), tmp_path / "out", device="cpu")
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    targets = qc["config_groups"][DRAFTER_GROUP]["targets"]
+    for proj in ("gate", "up", "down"):
+        assert f"re:^mtp\\.layers\\.0\\.mlp\\.experts\\.\\d+\\.{proj}_proj$" in targets
+    assert not any("gate_up_proj" in t or t.endswith("experts\\.down_proj$") for t in targets)
+    o = raw_tensors(tmp_path / "out")
+    assert o["mtp.layers.0.mlp.experts.gate_up_proj"][0] == "F8_E4M3"
+    assert o["mtp.layers.0.mlp.experts.gate_up_proj_scale"][1] == [4, 256, 1]
 
 
 def test_ct_vlm_source_targets_the_drafter_by_its_mtp_name(tmp_path: Path) -> None:

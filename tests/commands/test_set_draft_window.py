@@ -4,6 +4,10 @@ what ``inspect``, the model card and ``publish`` make of it (issue 16)."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -198,7 +202,33 @@ def test_max_context_reads_text_config_first() -> None:
 
 
 def test_window_without_max_context_is_refused(sources: dict[str, Path], tmp_path: Path) -> None:
-    src = write_checkpoint(tmp_path / "nomax", family="qwen3_5")
+    src = write_checkpoint(tmp_path / "nomax", family="qwen3_5", max_context=None)
     with pytest.raises(DraftWindowError, match="max_position_embeddings") as info:
         quantize_mtp(str(src), tmp_path / "o", draft_window=16)
     assert info.value.exit_code == 2 and not (tmp_path / "o").exists()
+
+
+def _make_read_only(directory: Path) -> Callable[[], None]:
+    """Make ``directory`` refuse new files (immutable for root, mode 0555 otherwise); returns
+    the undo. Skips where neither works (root on a filesystem without the immutable flag)."""
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        return lambda: directory.chmod(0o755)
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(directory)], capture_output=True).returncode:
+        pytest.skip("root on a filesystem without the immutable flag: no read-only directory here")
+    return lambda: subprocess.run([chattr, "-i", str(directory)], check=True)
+
+
+def test_a_read_only_variant_names_the_directory(variant: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    before = tree_digest(variant)
+    undo = _make_read_only(variant)
+    try:
+        code, _, err = run_cli(["set-draft-window", str(variant), "64"], capsys)
+        after = tree_digest(variant)
+    finally:
+        undo()
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert code == 1 and len(errors) == 1, err
+    assert f"{variant} is not writable" in errors[0] and "mtpconv-tmp" not in errors[0], errors[0]
+    assert after == before

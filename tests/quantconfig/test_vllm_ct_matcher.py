@@ -100,7 +100,7 @@ def test_ct_ignore_rule_agrees_with_vllm(tmp_path: Path) -> None:
         src = write_checkpoint(tmp_path / name, spec)
         modules = sorted(linear_modules(load_checkpoint_files(src).tensors))
         docs = [_qc(src)]
-        quantize_mtp(str(src), tmp_path / f"{name}-variant", device="cpu")
+        quantize_mtp(str(src), tmp_path / f"{name}-variant", device="cpu", fp8_from_4bit=True)
         docs.append(_qc(tmp_path / f"{name}-variant"))
         if name == "ct-gap":
             report = fix_exclusions(str(src), tmp_path / f"{name}-fixed")

@@ -99,7 +99,7 @@ CASES = [(n, q) for n in sorted(BUILDERS) for q in ("bf16", "nvfp4") if q == "bf
 
 def _case(tmp: Path, name: str, quant: str) -> tuple[Any, Any, list[str], list[str], list[str]]:
     src = write_family_checkpoint(tmp / "src", name, quant=quant, drafter_quant=quant)
-    report = quantize_mtp(str(src), tmp / "dst", device="cpu")
+    report = quantize_mtp(str(src), tmp / "dst", device="cpu", fp8_from_4bit=True)
     layout = report.plan.layout
     src_qc = json.loads((src / "config.json").read_text()).get("quantization_config")
     var_qc = json.loads((tmp / "dst" / "config.json").read_text()).get("quantization_config")
@@ -175,7 +175,7 @@ def test_kimi_k3_drafter_resolves_fp8_under_the_prefixes_vllm_builds(tmp_path: P
     ``packed_modules_mapping`` packs it, resolves to FP8 under the variant's config."""
     pytest.importorskip("vllm")
     src = write_family_checkpoint(tmp_path / "src", "kimi_k3")
-    report = quantize_mtp(str(src), tmp_path / "dst", device="cpu")
+    report = quantize_mtp(str(src), tmp_path / "dst", device="cpu", fp8_from_4bit=True)
     config = json.loads((tmp_path / "dst" / "config.json").read_text())
     modules = sorted(lin.module for lin in report.plan.linears)
     assert any(m.endswith(".w1") for m in modules) and any(m.endswith(".g_proj") for m in modules)

@@ -69,7 +69,7 @@ CASES = {
 def _case(tmp: Path, spec: Spec) -> tuple[Any, Any, list[str], list[str]]:
     src = write_checkpoint(tmp / "src", spec)
     dst = tmp / "dst"
-    quantize_mtp(str(src), dst, device="cpu")
+    quantize_mtp(str(src), dst, device="cpu", fp8_from_4bit=True)
     src_qc = read_json(src / "config.json").get("quantization_config")
     if src_qc is None and "text_config" in read_json(src / "config.json"):
         src_qc = read_json(src / "config.json")["text_config"].get("quantization_config")
