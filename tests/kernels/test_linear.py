@@ -318,7 +318,7 @@ def test_triton_weight_only_kernels_under_interpreter() -> None:
 
 
 def test_tuned_27b_o_loads_its_first_tile_ahead() -> None:
-    """The one tuned shape that takes ``first_ahead`` (skinny_tuned.FIRST_AHEAD) gets it; others not."""
+    """The one tuned shape that takes ``first_ahead`` (its tuning entry's first_ahead) gets it; others not."""
     pytest.importorskip("triton")
     from mtpconv.kernels import triton_skinny as ts
 
