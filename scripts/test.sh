@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup_env.sh --vllm
 . .venv/bin/activate
-ruff check mtpconv tests scripts
+ruff check mtpconv tests scripts benchmarks
 mypy mtpconv
 python -m pytest -q -p no:cacheprovider "$@"

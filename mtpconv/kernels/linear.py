@@ -1,42 +1,17 @@
-"""``fp8_linear``: one call for every FP8 drafter linear, on the fastest path measured.
+"""``fp8_linear``: one call for every FP8 drafter linear, on the kernel measured fastest.
 
-Paths (``Fp8Path``), all computing ``x @ (w_fp8 * w_scale).T + bias``:
+Every kernel computes ``x @ (w_fp8 * w_scale).T + bias``. Kernel choice follows vLLM's
+own pattern (``vllm/model_executor/layers/quantization/kernels``): :data:`KERNELS` is an
+ordered list of kernel classes, each saying whether it supports the device
+(:meth:`Fp8LinearKernel.supports`) and whether it is the kernel for a call
+(:meth:`Fp8LinearKernel.takes`: token count, weight shape, scale layout); the first that
+says yes to both runs. ``MTPCONV_DISABLED_KERNELS`` (names, comma-separated) leaves kernels
+out of the choice; a benchmark names one through ``fp8_linear(..., kernel=...)``.
 
-``wo_skinny``
-    Weight-only split-K skinny GEMM (``triton_skinny``): reads BF16/FP16
-    activations directly (no activation-quantization kernel), one launch,
-    every weight-scale layout (per tensor, per channel, 128x128 blocks).
-    The default for up to ``SKINNY_MAX_TOKENS`` tokens on sm_89+ GPUs (but for the
-    measured shapes below at 2-16 tokens), and for block scales at any token count.
-``skinny_token``
-    The activations quantized per token in one Triton launch, then the skinny GEMM's FP8
-    MMA on them with each tile's K range whole (the launch a producer's FP8 rows get,
-    :func:`takes_prepared`). The default at 2-16 tokens on the shapes of
-    ``skinny_tuned.SELF_PREPARED``, where the two launches beat the one-launch paths.
-``scaled_mm_fused``
-    Dynamic per-tensor activation scale computed and applied in ONE Triton
-    kernel (reading the activation once at decode sizes), then per-tensor
-    ``torch._scaled_mm`` (a per-row weight scale is applied after a float32
-    GEMM, in one kernel). The default beyond ``SKINNY_MAX_TOKENS`` tokens with
-    a per-tensor weight scale, and at 2-16 tokens on the shapes of
-    ``SCALED_MM_SHAPES`` outside ``SELF_PREPARED`` (docs/BENCHMARKS.md).
-``wo_triton``
-    Weight-only: FP8 weights converted in registers, activations stay
-    BF16/FP16, one Triton kernel. Fastest at one token with per-row scales;
-    its 2+-token (tensor-core) variant loses to the paths above.
-``scaled_mm_token``
-    Dynamic per-token activation quantization in one Triton kernel (weight
-    scale folded into the row scale), then ``torch._scaled_mm`` row-wise.
-``scaled_mm_token_torch``
-    The same with the quantization as torch ops (CUDA without Triton).
-``scaled_mm_tensor``
-    Dynamic per-tensor activation scale as torch ops + ``torch._scaled_mm``
-    (what a naive port does; kept as the measured baseline).
-``scaled_mm_static``
-    Static (calibrated) activation scale; needs ``input_scale``.
-``dequant``
-    Pure torch, any device: upcasts the weight on every call. Correct, slow;
-    the CPU fallback (the vLLM plugin has its own CPU kernel).
+The order and the shapes named in the tuning table (:mod:`mtpconv.kernels.tuning`) come
+from measurements on the H200 (docs/BENCHMARKS.md): the skinny GEMM up to
+``SKINNY_MAX_TOKENS`` tokens, quantizing per token first (``skinny_token``) or per tensor
+for cuBLAS (``scaled_mm_fused``) on the shapes the table names, cuBLAS beyond.
 """
 
 from __future__ import annotations
@@ -44,51 +19,18 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from dataclasses import dataclass
 from enum import Enum
-from types import ModuleType
+from typing import ClassVar
 
 import torch
 
-from mtpconv.kernels import reference
-from mtpconv.kernels.skinny_tuned import SELF_PREPARED, TUNED_PREPARED, token_bucket
+from mtpconv.formats.scale_layout import BLOCK
+from mtpconv.kernels import reference, tuning
 
-# Selection thresholds measured on the H200 (docs/BENCHMARKS.md, per-linear
-# tables at Qwen3.5-27B shapes). With per-row weight scales: the weight-only
-# kernel up to WO_MAX_TOKENS, the fused path up to FUSED_PER_ROW_MAX_TOKENS,
-# row-wise ``torch._scaled_mm`` beyond.
-WO_MAX_TOKENS = 1
-FUSED_PER_ROW_MAX_TOKENS = 16
-SKINNY_MAX_TOKENS = 16
-# (tokens bucket, N, K) of the benchmarked drafters where ``scaled_mm_fused`` beat the
-# tuned skinny GEMM at both token counts of the bucket (2 and 4 for bucket 4, 8 and 16
-# for bucket 16), with a per-tensor weight scale and with per-row scales (vLLM's fused
-# q/k/v and gate/up), side by side on the H200 (``scripts/bench_paths.py [--per-row]``;
-# docs/BENCHMARKS.md, issue 12, sixth session): the wide linears (qkv, the 27B MLP's
-# gate_up); all in ``SELF_PREPARED`` since the fourteenth session, which select_path checks
-# first. us fused / skinny at 4 and 16 tokens, per-tensor scale:
-SCALED_MM_SHAPES = frozenset(
-    {
-        (4, 14336, 5120), (16, 14336, 5120),  # Qwen3.5-27B qkv: 24.3 / 27.4, 25.6 / 29.9
-        (4, 34816, 5120), (16, 34816, 5120),  # Qwen3.5-27B gate_up: 50.9 / 56.3, 51.5 / 59.7
-        (4, 17408, 4096), (16, 17408, 4096),  # Qwen3.5-397B qkv: 24.2 / 27.5, 25.5 / 29.5
-        (4, 9216, 2048), (16, 9216, 2048),  # Qwen3-Next-80B qkv: 9.5 / 13.3, 10.4 / 13.5
-    }
-)  # fmt: skip
-_ENV_FORCE = "MTPCONV_FP8_PATH"
-
-
-class Fp8Path(str, Enum):
-    """The FP8 linear implementations this package can run."""
-
-    WO_SKINNY = "wo_skinny"
-    SKINNY_TOKEN = "skinny_token"
-    SCALED_MM_FUSED = "scaled_mm_fused"
-    WO_TRITON = "wo_triton"
-    SCALED_MM_TOKEN = "scaled_mm_token"
-    SCALED_MM_TOKEN_TORCH = "scaled_mm_token_torch"
-    SCALED_MM_TENSOR = "scaled_mm_tensor"
-    SCALED_MM_STATIC = "scaled_mm_static"
-    DEQUANT = "dequant"
+Bias = torch.Tensor | None
+SKINNY_MAX_TOKENS = 16  # the skinny GEMM's rows at most, where it is chosen
+DISABLED_ENV = "MTPCONV_DISABLED_KERNELS"
 
 
 @functools.lru_cache(maxsize=1)
@@ -97,89 +39,319 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def _triton() -> ModuleType:
-    from mtpconv.kernels import triton_fp8
-
-    return triton_fp8
-
-
 @functools.lru_cache(maxsize=16)
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def _fp8_mma(device: torch.device) -> bool:
-    """FP8 tensor-core matmul (``torch._scaled_mm``) needs sm_89 or newer."""
-    return device.type == "cuda" and _capability(device.index or 0) >= (8, 9)
+class ScaleLayout(Enum):
+    """How ``w_scale`` covers an ``[N, K]`` weight."""
+
+    TENSOR = "tensor"  # 0-d
+    ROW = "row"  # [N]
+    BLOCK = "block"  # [ceil(N/128), ceil(K/128)]
 
 
-def available_paths(
-    device: torch.device, *, static_scale: bool = False, block_scale: bool = False
-) -> list[Fp8Path]:
-    """Paths that can run on ``device`` (the order carries no preference)."""
-    paths = [Fp8Path.DEQUANT]
-    if device.type != "cuda":
-        return paths
-    if triton_available():
-        paths.append(Fp8Path.WO_SKINNY)
-        if block_scale:  # only the skinny kernel and the reference apply 128x128 blocks
-            return paths
-        paths.append(Fp8Path.WO_TRITON)
-    elif block_scale:
-        return paths
-    if _fp8_mma(device):
-        paths += [Fp8Path.SCALED_MM_TOKEN_TORCH, Fp8Path.SCALED_MM_TENSOR]
-        if triton_available():
-            paths += [Fp8Path.SCALED_MM_FUSED, Fp8Path.SCALED_MM_TOKEN, Fp8Path.SKINNY_TOKEN]
-        if static_scale:
-            paths.append(Fp8Path.SCALED_MM_STATIC)
-    return paths
+@dataclass(frozen=True)
+class Device:
+    """What a device offers the kernels."""
+
+    cuda: bool
+    triton: bool
+    fp8_mma: bool  # FP8 tensor cores (torch._scaled_mm): sm_89 or newer
+
+    @classmethod
+    def of(cls, device: torch.device) -> Device:
+        cuda = device.type == "cuda"
+        return cls(cuda, cuda and triton_available(), cuda and _capability(device.index or 0) >= (8, 9))
 
 
-def select_path(
-    device: torch.device,
-    tokens: int,
-    *,
-    static_scale: bool = False,
-    per_row_scale: bool = False,
-    block_scale: bool = False,
-    shape: tuple[int, int] | None = None,
-) -> Fp8Path:
-    """The fastest measured path for ``tokens`` rows on ``device`` (``shape``: the
-    weight's ``(N, K)``, which picks the path at 2-16 tokens for the measured shapes).
+@dataclass(frozen=True)
+class Call:
+    """What one ``fp8_linear`` call asks: ``tokens`` rows on an ``[n, k]`` weight."""
 
-    ``MTPCONV_FP8_PATH`` forces a path (for debugging and benchmarks); a forced
-    path that cannot run here raises ``ValueError``.
-    """
-    forced = os.environ.get(_ENV_FORCE)
-    if forced:
-        path = Fp8Path(forced)
-        if path not in available_paths(device, static_scale=static_scale, block_scale=block_scale):
-            raise ValueError(f"{_ENV_FORCE}={forced} cannot run on {device}")
-        return path
-    if device.type != "cuda":
-        return Fp8Path.DEQUANT
-    triton = triton_available()
-    if block_scale:
-        return Fp8Path.WO_SKINNY if triton else Fp8Path.DEQUANT
-    if not _fp8_mma(device):  # no FP8 tensor cores (before sm_89)
-        return Fp8Path.WO_TRITON if triton else Fp8Path.DEQUANT
-    if not triton:
-        return Fp8Path.SCALED_MM_TOKEN_TORCH if per_row_scale else Fp8Path.SCALED_MM_TENSOR
-    if tokens <= SKINNY_MAX_TOKENS and not static_scale:
-        bucket = token_bucket(tokens)
-        if tokens >= 2 and shape is not None and (bucket, *shape) in SELF_PREPARED:
-            return Fp8Path.SKINNY_TOKEN
-        if tokens >= 2 and shape is not None and (bucket, *shape) in SCALED_MM_SHAPES:
-            return Fp8Path.SCALED_MM_FUSED
-        return Fp8Path.WO_SKINNY
-    if per_row_scale:
-        if tokens <= WO_MAX_TOKENS:
-            return Fp8Path.WO_TRITON
-        if tokens <= FUSED_PER_ROW_MAX_TOKENS:
-            return Fp8Path.SCALED_MM_FUSED
-        return Fp8Path.SCALED_MM_TOKEN
-    return Fp8Path.SCALED_MM_FUSED
+    tokens: int
+    n: int
+    k: int
+    scale: ScaleLayout
+
+    def key(self) -> tuning.Key | None:
+        """The call's key in the tuning table (None beyond its token counts)."""
+        bucket = tuning.token_bucket(self.tokens)
+        return None if bucket is None else (bucket, self.n, self.k)
+
+
+class Fp8LinearKernel:
+    """One way to run an FP8 linear. Subclasses say where they run and which calls they are
+    chosen for; :data:`KERNELS` orders them."""
+
+    name: ClassVar[str]
+    block_scales: ClassVar[bool] = False  # runs 128x128 block scales
+
+    @classmethod
+    def supports(cls, device: Device) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def takes(cls, call: Call, table: tuning.Tuning) -> bool:
+        """Whether this kernel is the one for ``call`` (given that it supports the device
+        and no kernel before it in :data:`KERNELS` takes the call)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def run(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: Bias) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class SkinnyToken(Fp8LinearKernel):
+    """The activations quantized per token in one Triton launch, then the skinny GEMM's FP8
+    MMA on them with each tile's K range whole: at 2-16 tokens on the table's
+    ``skinny_token`` shapes, where the two launches beat one."""
+
+    name = "skinny_token"
+    block_scales = True
+
+    @classmethod
+    def supports(cls, device: Device) -> bool:
+        return device.triton and device.fp8_mma
+
+    @classmethod
+    def takes(cls, call: Call, table: tuning.Tuning) -> bool:
+        return call.scale is not ScaleLayout.BLOCK and call.tokens >= 2 and call.key() in table.skinny_token
+
+    @staticmethod
+    def run(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: Bias) -> torch.Tensor:
+        from mtpconv.kernels import triton_quant, triton_skinny
+
+        q, sa = triton_quant.quant_per_token(x.reshape(-1, x.shape[-1]))
+        out = triton_skinny.skinny_linear(q, w_fp8, w_scale, bias, x_scale=sa, out_dtype=x.dtype)
+        return out.reshape(*x.shape[:-1], w_fp8.shape[0])
+
+
+class ScaledMmFused(Fp8LinearKernel):
+    """A dynamic per-tensor activation scale computed and applied in one Triton launch, then
+    per-tensor ``torch._scaled_mm`` (a per-row weight scale applied after a float32 GEMM, in
+    one kernel): at 2-16 tokens on the table's ``scaled_mm_fused`` shapes, and beyond 16
+    tokens with a per-tensor weight scale."""
+
+    name = "scaled_mm_fused"
+
+    @classmethod
+    def supports(cls, device: Device) -> bool:
+        return device.triton and device.fp8_mma
+
+    @classmethod
+    def takes(cls, call: Call, table: tuning.Tuning) -> bool:
+        if call.scale is ScaleLayout.BLOCK:
+            return False
+        if call.tokens > SKINNY_MAX_TOKENS:
+            return call.scale is ScaleLayout.TENSOR
+        return call.tokens >= 2 and call.key() in table.scaled_mm_fused
+
+    @staticmethod
+    def run(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: Bias) -> torch.Tensor:
+        from mtpconv.kernels import triton_quant_tensor
+
+        q, sa = triton_quant_tensor.quant_per_tensor(x)
+        y = scaled_mm_per_tensor(q, sa, w_fp8, w_scale, bias, x.dtype)
+        return y.reshape(*x.shape[:-1], w_fp8.shape[0])
+
+
+class WoTriton(Fp8LinearKernel):
+    """Weight-only, FP8 weights converted in registers, activations BF16/FP16, one Triton
+    launch: GPUs without FP8 tensor cores."""
+
+    name = "wo_triton"
+
+    @classmethod
+    def supports(cls, device: Device) -> bool:
+        return device.triton and not device.fp8_mma
+
+    @classmethod
+    def takes(cls, call: Call, table: tuning.Tuning) -> bool:
+        return call.scale is not ScaleLayout.BLOCK
+
+    @staticmethod
+    def run(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: Bias) -> torch.Tensor:
+        from mtpconv.kernels import triton_fp8
+
+        y: torch.Tensor = triton_fp8.wo_linear(x, w_fp8, w_scale, bias)
+        return y
+
+
+class WoSkinny(Fp8LinearKernel):
+    """The split-K skinny GEMM (:mod:`mtpconv.kernels.triton_skinny`) on BF16/FP16 rows, one
+    launch, every scale layout: up to ``SKINNY_MAX_TOKENS`` tokens, and block scales at any
+    token count."""
+
+    name = "wo_skinny"
+    block_scales = True
+
+    @classmethod
+    def supports(cls, device: Device) -> bool:
+        return device.triton
+
+    @classmethod
+    def takes(cls, call: Call, table: tuning.Tuning) -> bool:
+        return call.scale is ScaleLayout.BLOCK or call.tokens <= SKINNY_MAX_TOKENS
+
+    @staticmethod
+    def run(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: Bias) -> torch.Tensor:
+        from mtpconv.kernels import triton_skinny
+
+        out: torch.Tensor = triton_skinny.skinny_linear(x, w_fp8, w_scale, bias)
+        return out
+
+
+class ScaledMmToken(Fp8LinearKernel):
+    """Dynamic per-token activation quantization in one Triton launch (a per-tensor weight
+    scale folded into the row scale), then row-wise ``torch._scaled_mm``."""
+
+    name = "scaled_mm_token"
+
+    @classmethod
+    def supports(cls, device: Device) -> bool:
+        return device.triton and device.fp8_mma
+
+    @classmethod
+    def takes(cls, call: Call, table: tuning.Tuning) -> bool:
+        return call.scale is not ScaleLayout.BLOCK
+
+    @staticmethod
+    def run(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: Bias) -> torch.Tensor:
+        from mtpconv.kernels import triton_quant
+
+        n = w_fp8.shape[0]
+        x2 = x.reshape(-1, x.shape[-1])
+        if w_scale.numel() > 1:
+            q, sa = triton_quant.quant_per_token(x2)
+            sb = w_scale.to(torch.float32).reshape(1, n)
+        else:
+            q, sa = triton_quant.quant_per_token(x2, w_scale)
+            sb = _ones_row(n, x.device)
+        return reference.scaled_mm(q, w_fp8, sa, sb, bias, x.dtype).reshape(*x.shape[:-1], n)
+
+
+class ScaledMmTokenTorch(Fp8LinearKernel):
+    """Per-token activation quantization as torch ops, then row-wise ``torch._scaled_mm``:
+    FP8 GPUs without Triton, per-row weight scales."""
+
+    name = "scaled_mm_token_torch"
+
+    @classmethod
+    def supports(cls, device: Device) -> bool:
+        return device.fp8_mma
+
+    @classmethod
+    def takes(cls, call: Call, table: tuning.Tuning) -> bool:
+        return call.scale is ScaleLayout.ROW
+
+    @staticmethod
+    def run(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: Bias) -> torch.Tensor:
+        n = w_fp8.shape[0]
+        q, sa = reference.quant_per_token(x)
+        y = reference.scaled_mm(q, w_fp8, sa, _weight_scale_row(w_scale, n), bias, x.dtype)
+        return y.reshape(*x.shape[:-1], n)
+
+
+class ScaledMmTensor(Fp8LinearKernel):
+    """A per-tensor activation scale as torch ops, then ``torch._scaled_mm``: FP8 GPUs
+    without Triton."""
+
+    name = "scaled_mm_tensor"
+
+    @classmethod
+    def supports(cls, device: Device) -> bool:
+        return device.fp8_mma
+
+    @classmethod
+    def takes(cls, call: Call, table: tuning.Tuning) -> bool:
+        return call.scale is not ScaleLayout.BLOCK
+
+    @staticmethod
+    def run(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: Bias) -> torch.Tensor:
+        n = w_fp8.shape[0]
+        q, sa = reference.quant_per_tensor(x.reshape(-1, x.shape[-1]))
+        if w_scale.numel() > 1:
+            sa = sa.reshape(1, 1).expand(q.shape[0], 1).contiguous()
+            sb = w_scale.to(torch.float32).reshape(1, n)
+        else:
+            sb = w_scale.to(torch.float32)
+        return reference.scaled_mm(q, w_fp8, sa, sb, bias, x.dtype).reshape(*x.shape[:-1], n)
+
+
+class Dequant(Fp8LinearKernel):
+    """Pure torch, any device: upcasts the weight on every call. Correct, slow: the fallback."""
+
+    name = "dequant"
+    block_scales = True
+
+    @classmethod
+    def supports(cls, device: Device) -> bool:
+        return True
+
+    @classmethod
+    def takes(cls, call: Call, table: tuning.Tuning) -> bool:
+        return True
+
+    @staticmethod
+    def run(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: Bias) -> torch.Tensor:
+        return reference.dequant_linear(x, w_fp8, w_scale, bias)
+
+
+# The choice, first match wins (see the module docstring).
+KERNELS: tuple[type[Fp8LinearKernel], ...] = (
+    SkinnyToken,
+    ScaledMmFused,
+    WoTriton,
+    WoSkinny,
+    ScaledMmToken,
+    ScaledMmTokenTorch,
+    ScaledMmTensor,
+    Dequant,
+)
+
+
+def kernel_named(name: str) -> type[Fp8LinearKernel]:
+    """The kernel of :data:`KERNELS` called ``name`` (``ValueError`` naming them all)."""
+    for kernel in KERNELS:
+        if kernel.name == name:
+            return kernel
+    raise ValueError(f"no FP8 linear kernel {name!r}: one of {', '.join(k.name for k in KERNELS)}")
+
+
+@functools.lru_cache(maxsize=8)
+def _disabled(value: str) -> frozenset[str]:
+    names = frozenset(filter(None, (v.strip() for v in value.split(","))))
+    for name in names:
+        try:
+            kernel_named(name)
+        except ValueError as exc:
+            raise ValueError(f"{DISABLED_ENV}: {exc}") from None
+    return names
+
+
+def disabled_kernels() -> frozenset[str]:
+    """The kernels ``MTPCONV_DISABLED_KERNELS`` leaves out of the choice."""
+    return _disabled(os.environ.get(DISABLED_ENV, ""))
+
+
+def usable(device: torch.device, scale: ScaleLayout) -> list[type[Fp8LinearKernel]]:
+    """The kernels that can run on ``device`` with ``scale`` (in :data:`KERNELS`' order)."""
+    dev = Device.of(device)
+    return [k for k in KERNELS if k.supports(dev) and (scale is not ScaleLayout.BLOCK or k.block_scales)]
+
+
+def choose_kernel(device: torch.device, call: Call) -> type[Fp8LinearKernel]:
+    """The first kernel of :data:`KERNELS`, not disabled, that supports ``device`` and takes ``call``."""
+    dev = Device.of(device)
+    table = tuning.for_device(device)
+    off = disabled_kernels()
+    for kernel in KERNELS:
+        if kernel.name not in off and kernel.supports(dev) and kernel.takes(call, table):
+            return kernel
+    left_out = ",".join(sorted(off))
+    raise ValueError(f"no FP8 linear kernel left for {call} on {device} ({DISABLED_ENV}={left_out})")
 
 
 @functools.lru_cache(maxsize=16)
@@ -197,7 +369,7 @@ def _weight_scale_row(w_scale: torch.Tensor, n: int) -> torch.Tensor:
     return s.reshape(1, n) if s.numel() > 1 else _ones_row(n, s.device) * s.reshape(1, 1)
 
 
-def _scaled_mm_per_tensor(
+def scaled_mm_per_tensor(
     q: torch.Tensor,
     sa: torch.Tensor,
     w_fp8: torch.Tensor,
@@ -209,141 +381,26 @@ def _scaled_mm_per_tensor(
     if w_scale.numel() > 1:
         # Row-wise torch._scaled_mm is slow at decode sizes (BENCHMARKS.md): run
         # the per-tensor GEMM to float32 and apply the row scales after it.
+        from mtpconv.kernels import triton_fp8
+
         y32 = reference.scaled_mm(q, w_fp8, sa, _ones_scalar(q.device), None, torch.float32)
-        y: torch.Tensor = _triton().row_scale_cast(y32, w_scale, bias, out_dtype)
+        y: torch.Tensor = triton_fp8.row_scale_cast(y32, w_scale, bias, out_dtype)
         return y
     return reference.scaled_mm(q, w_fp8, sa, w_scale.to(torch.float32), bias, out_dtype)
 
 
-def run_path(
-    path: Fp8Path,
-    x: torch.Tensor,
-    w_fp8: torch.Tensor,
-    w_scale: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    input_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Run one named path (no selection). Shapes: ``x [..., K]``, ``w_fp8 [N, K]``."""
-    if path is Fp8Path.DEQUANT:
-        return reference.dequant_linear(x, w_fp8, w_scale, bias)
-    if path in (Fp8Path.WO_SKINNY, Fp8Path.SKINNY_TOKEN):
-        from mtpconv.kernels import triton_quant, triton_skinny
-
-        if path is Fp8Path.WO_SKINNY:
-            out: torch.Tensor = triton_skinny.skinny_linear(x, w_fp8, w_scale, bias)
-            return out
-        q, sa = triton_quant.quant_per_token(x.reshape(-1, x.shape[-1]))
-        out = triton_skinny.skinny_linear(q, w_fp8, w_scale, bias, x_scale=sa, out_dtype=x.dtype)
-        return out.reshape(*x.shape[:-1], w_fp8.shape[0])
-    if reference.is_block_scale(w_scale, *w_fp8.shape):
-        raise ValueError(f"{path.value} does not take 128x128 block scales")
-    if path is Fp8Path.WO_TRITON:
-        y: torch.Tensor = _triton().wo_linear(x, w_fp8, w_scale, bias)
-        return y
-    lead = x.shape[:-1]
-    n = w_fp8.shape[0]
-    per_row_w = w_scale.numel() > 1
-    if path is Fp8Path.SCALED_MM_FUSED:
-        q, sa = _triton().quant_per_tensor(x)
-        y = _scaled_mm_per_tensor(q, sa, w_fp8, w_scale, bias, x.dtype)
-    elif path is Fp8Path.SCALED_MM_TOKEN:
-        # Fold a per-tensor weight scale into the row scale: scale_b is then ones.
-        if per_row_w:
-            q, sa = _triton().quant_per_token(x)
-            sb = w_scale.to(torch.float32).reshape(1, n)
-        else:
-            q, sa = _triton().quant_per_token(x, w_scale)
-            sb = _ones_row(n, x.device)
-        y = reference.scaled_mm(q, w_fp8, sa, sb, bias, x.dtype)
-    elif path is Fp8Path.SCALED_MM_TOKEN_TORCH:
-        q, sa = reference.quant_per_token(x)
-        y = reference.scaled_mm(q, w_fp8, sa, _weight_scale_row(w_scale, n), bias, x.dtype)
-    elif path is Fp8Path.SCALED_MM_TENSOR:
-        q, sa = reference.quant_per_tensor(x.reshape(-1, x.shape[-1]))
-        if per_row_w:
-            y = reference.scaled_mm(
-                q,
-                w_fp8,
-                sa.reshape(1, 1).expand(q.shape[0], 1).contiguous(),
-                w_scale.to(torch.float32).reshape(1, n),
-                bias,
-                x.dtype,
-            )
-        else:
-            y = reference.scaled_mm(q, w_fp8, sa, w_scale.to(torch.float32), bias, x.dtype)
-    elif path is Fp8Path.SCALED_MM_STATIC:
-        if input_scale is None:
-            raise ValueError("scaled_mm_static needs input_scale")
-        if per_row_w:
-            raise ValueError("scaled_mm_static needs a per-tensor weight scale")
-        s_in = input_scale.to(torch.float32)
-        q = _triton().quant_static(x, s_in) if triton_available() else reference.quant_static(x, s_in)
-        y = reference.scaled_mm(q, w_fp8, s_in, w_scale.to(torch.float32), bias, x.dtype)
-    else:  # pragma: no cover - exhaustive over Fp8Path
-        raise ValueError(f"unknown FP8 path {path!r}")
-    return y.reshape(*lead, n)
-
-
-class Prepared(str, Enum):
-    """What a linear's producer hands it in place of BF16 rows (:func:`takes_prepared`)."""
-
-    TOKEN = "token"  # FP8 rows with one scale each: the skinny GEMM's FP8 MMA
-    TENSOR = "tensor"  # FP8 rows with one scale for the tensor: cuBLAS (torch._scaled_mm)
-
-
-def takes_prepared(tokens: int, n: int, k: int) -> Prepared | None:
-    """What makes :func:`fp8_linear` on a ``[n, k]`` weight at ``tokens`` rows faster than
-    BF16 rows, when the producer of its input quantizes as it writes (a concatenation, a
-    residual add or SiLU * up: :mod:`mtpconv.kernels.triton_quant`), as the H200 measured:
-    per-token FP8 rows on the shapes of ``skinny_tuned.TUNED_PREPARED``, per-tensor ones
-    where ``fp8_linear`` would quantize per tensor itself (``SCALED_MM_SHAPES``); None
-    elsewhere (one token, beyond 16, other shapes)."""
-    bucket = token_bucket(tokens)
-    if tokens < 2 or bucket is None:
-        return None
-    if (bucket, n, k) in TUNED_PREPARED:
-        return Prepared.TOKEN
-    return Prepared.TENSOR if (bucket, n, k) in SCALED_MM_SHAPES else None
-
-
-def _prepared_linear(
-    x: torch.Tensor,
-    w_fp8: torch.Tensor,
-    w_scale: torch.Tensor,
-    bias: torch.Tensor | None,
-    x_scale: torch.Tensor,
-    out_dtype: torch.dtype | None,
-    block: bool,
-) -> torch.Tensor:
-    """:func:`fp8_linear` on FP8 rows ``x * x_scale``: cuBLAS with one scale for the tensor,
-    the skinny GEMM's FP8 MMA with one a row (or 128x128 weight blocks: ``block``), or the
-    dequantized reference without Triton or CUDA."""
-    if x.dtype != torch.float8_e4m3fn:
-        raise TypeError(f"fp8_linear: x_scale comes with float8_e4m3fn rows, got {x.dtype}")
-    if out_dtype is None:
-        raise ValueError("fp8_linear: FP8 rows (x_scale) need an out_dtype")
-    tokens = x.numel() // max(x.shape[-1], 1)
-    per_tensor = x_scale.dim() == 0
-    if not per_tensor and x_scale.numel() != tokens:
-        raise ValueError(
-            f"fp8_linear: x_scale needs 0-d or one scale per row ({tokens}): {tuple(x_scale.shape)}"
-        )
-    sa = x_scale.to(torch.float32)
-    if x.device.type == "cuda" and triton_available():
-        n, k = w_fp8.shape
-        if per_tensor and not block and _fp8_mma(x.device) and n % 16 == 0 and k % 16 == 0:  # cuBLAS's rule
-            y = _scaled_mm_per_tensor(x.reshape(-1, x.shape[-1]), sa, w_fp8, w_scale, bias, out_dtype)
-            return y.reshape(*x.shape[:-1], w_fp8.shape[0])
-        from mtpconv.kernels import triton_skinny
-
-        rows = sa.expand(tokens) if per_tensor else sa
-        out: torch.Tensor = triton_skinny.skinny_linear(
-            x, w_fp8, w_scale, bias, x_scale=rows.contiguous(), out_dtype=out_dtype
-        )
-        return out
-    deq = x.to(torch.float32) * (sa if per_tensor else sa.reshape(*x.shape[:-1], 1))
-    return reference.dequant_linear(deq, w_fp8, w_scale, bias).to(out_dtype)
+def scale_layout(w_scale: torch.Tensor, n: int, k: int) -> ScaleLayout:
+    """Which layout ``w_scale`` is for an ``[n, k]`` weight (``ValueError`` for none)."""
+    if reference.is_block_scale(w_scale, n, k):
+        return ScaleLayout.BLOCK
+    if w_scale.numel() == 1:
+        return ScaleLayout.TENSOR
+    if w_scale.numel() == n:
+        return ScaleLayout.ROW
+    raise ValueError(
+        f"w_scale must be 0-d, [{n}] or [{-(-n // BLOCK)}, {-(-k // BLOCK)}] "
+        f"({BLOCK}x{BLOCK} blocks), got shape {tuple(w_scale.shape)}"
+    )
 
 
 def fp8_linear(
@@ -352,48 +409,27 @@ def fp8_linear(
     w_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    input_scale: torch.Tensor | None = None,
-    path: Fp8Path | None = None,
-    x_scale: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
+    kernel: type[Fp8LinearKernel] | None = None,
 ) -> torch.Tensor:
-    """``x @ (w_fp8 * w_scale).T + bias`` on the fastest measured path.
+    """``x @ (w_fp8 * w_scale).T + bias`` on the kernel :func:`choose_kernel` picks.
 
-    ``x``: ``[..., K]`` bf16/fp16 (float32 works on the ``dequant`` path);
+    ``x``: ``[..., K]`` bf16/fp16 (float32 works on the ``dequant`` kernel);
     ``w_fp8``: ``[N, K]`` float8_e4m3fn, row-major; ``w_scale``: float32 0-d
     (per-tensor), ``[N]`` (per output row, e.g. fused q/k/v with one scale
     per shard expanded to rows) or ``[ceil(N/128), ceil(K/128)]`` (one per
     128x128 block); ``bias``: ``[N]`` or None. Returns
     ``[..., N]`` in ``x.dtype``. Safe inside CUDA graph capture (no host
-    sync, no data-dependent choice).
-
-    ``x_scale``: ``x`` is float8_e4m3fn rows already, each ``x * x_scale`` (float32: 0-d,
-    one scale for the tensor, or one value per row; see :func:`takes_prepared`), and
-    ``out_dtype`` the output's dtype; ``path`` and ``input_scale`` do not apply then.
+    sync, no data-dependent choice). ``kernel``: run that one (a benchmark's choice); it must
+    support the device and the scale layout.
     """
     if w_fp8.dtype != torch.float8_e4m3fn:
         raise TypeError(f"fp8_linear needs a float8_e4m3fn weight, got {w_fp8.dtype}")
     if w_fp8.dim() != 2 or x.shape[-1] != w_fp8.shape[1]:
         raise ValueError(f"fp8_linear shapes do not match: x {tuple(x.shape)}, weight {tuple(w_fp8.shape)}")
     n, k = w_fp8.shape
-    block = reference.is_block_scale(w_scale, n, k)
-    if not block and w_scale.numel() not in (1, n):
-        raise ValueError(
-            f"w_scale must be 0-d, [{n}] or [{-(-n // 128)}, {-(-k // 128)}] (128x128 "
-            f"blocks), got shape {tuple(w_scale.shape)}"
-        )
-    if x_scale is not None:
-        if path is not None or input_scale is not None:
-            raise ValueError("fp8_linear: x_scale takes neither a path nor an input_scale")
-        return _prepared_linear(x, w_fp8, w_scale, bias, x_scale, out_dtype, block)
-    if path is None:
-        tokens = x.numel() // max(x.shape[-1], 1)
-        path = select_path(
-            x.device,
-            tokens,
-            static_scale=input_scale is not None and not block,
-            per_row_scale=w_scale.numel() > 1 and not block,
-            block_scale=block,
-            shape=(n, k),
-        )
-    return run_path(path, x, w_fp8, w_scale, bias, input_scale=input_scale)
+    scale = scale_layout(w_scale, n, k)
+    if kernel is None:
+        kernel = choose_kernel(x.device, Call(x.numel() // max(k, 1), n, k, scale))
+    elif kernel not in usable(x.device, scale):
+        raise ValueError(f"FP8 linear kernel {kernel.name} does not run {scale.value} scales on {x.device}")
+    return kernel.run(x, w_fp8, w_scale, bias)

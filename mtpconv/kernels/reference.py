@@ -15,11 +15,9 @@ from __future__ import annotations
 import torch
 
 from mtpconv.formats.fp8 import FP8_DTYPE, FP8_MAX
+from mtpconv.formats.scale_layout import BLOCK
 
 _TINY = torch.finfo(torch.float32).tiny
-
-
-BLOCK = 128  # side of a weight-scale block
 
 
 def is_block_scale(w_scale: torch.Tensor, n: int, k: int) -> bool:
@@ -72,12 +70,6 @@ def quant_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.clamp(x32.abs().amax(dim=-1, keepdim=True), min=_TINY) / FP8_MAX
     q = torch.clamp(x32 / scale, -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale
-
-
-def quant_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Activation quantization with a given (static) float32 scale."""
-    x32 = x.reshape(-1, x.shape[-1]).to(torch.float32)
-    return torch.clamp(x32 / scale.to(torch.float32), -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
 def scaled_mm(

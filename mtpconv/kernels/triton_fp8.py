@@ -8,10 +8,10 @@ so CPU installs never need Triton.
 dtype in registers; activations stay BF16/FP16; the per-tensor (0-d) or
 per-row (``[N]``) weight scale is applied to the float32 accumulator. One
 program per output block, no split-K (a GEMV at one token, swap-AB ``tl.dot``
-above). Superseded at 1-16 tokens by ``triton_skinny.skinny_linear``; kept as
-the measured baseline. ``row_scale_cast``: the per-row weight scale (and bias) of a
-W8A8 GEMM's float32 output, applied and cast in one kernel. The activation-quantization kernels live in
-``triton_quant``, the expert kernels in ``triton_moe`` (re-exported here).
+above): the kernel of GPUs without FP8 tensor cores (``linear.WoTriton``).
+``row_scale_cast``: the per-row weight scale (and bias) of a W8A8 GEMM's float32 output,
+applied and cast in one kernel. The activation-quantization kernels live in
+``triton_quant`` and ``triton_quant_tensor``.
 """
 
 # Triton kernels are untyped by nature; the Python wrappers below are typed.
@@ -137,7 +137,7 @@ def _gemv_config(n: int, k: int) -> tuple[int, int, int]:
 
 def _dot_config(m: int, n: int, k: int) -> tuple[int, ...]:
     """BLOCK_M, BLOCK_N, BLOCK_K, num_warps[, num_stages] for the tensor-core path."""
-    # Best of a sweep on the H200 (scripts/bench_draft.py --sweep).
+    # Best of a sweep on the H200.
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     block_k = 128 if k >= 128 else max(16, triton.next_power_of_2(k))
     return block_m, 64, block_k, 4, 4
@@ -236,11 +236,3 @@ def row_scale_cast(
         y32, s, bias if bias is not None else s, out, n, HAS_BIAS=bias is not None, BLOCK=block
     )
     return out
-
-
-# Re-exported for callers of the one-module layout this package had.
-from mtpconv.kernels.triton_moe_pairs import wo_moe  # noqa: E402
-from mtpconv.kernels.triton_quant import quant_per_token  # noqa: E402
-from mtpconv.kernels.triton_quant_tensor import quant_per_tensor, quant_static  # noqa: E402
-
-__all__ = ["quant_per_tensor", "quant_per_token", "quant_static", "row_scale_cast", "wo_linear", "wo_moe"]

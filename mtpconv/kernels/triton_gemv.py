@@ -29,6 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from mtpconv.kernels.triton_quant import BLOCK_EDGE
 from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, pdl_leave, weight_tile
 
 MAX_TOKENS = 4
@@ -56,7 +57,7 @@ def _accumulate(
     """One K step: the weight tile ``w`` (as loaded) against each token's activations."""
     wf = w.to(tl.float32)
     if SCALE == 2:
-        sb = tl.load(s_ptr + (offs_n // 128) * stride_sn + k_at // 128, mask=mask_n, other=0.0)
+        sb = tl.load(s_ptr + (offs_n // BLOCK_EDGE) * stride_sn + k_at // BLOCK_EDGE, mask=mask_n, other=0.0)
         wf = wf * sb[:, None]
     acc0 += _dot8(wf, _row(x_ptrs, row0 < M, mask_k, EVEN_K), BLOCK_N, BLOCK_K)
     if BLOCK_M > 1:

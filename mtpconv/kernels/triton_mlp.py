@@ -222,7 +222,7 @@ def _scale(s: torch.Tensor) -> torch.Tensor:
 
 def default_unroll(h: int, block_k: int = BLOCK_K) -> int:
     """Gate / up K steps unrolled together: all of H up to 4 steps. Measured on the H200
-    (``scripts/bench_mlp.py``, twelfth session): at 4 tokens on 397B's shared expert 4 steps
+    (``benchmarks/bench_mlp.py``, twelfth session): at 4 tokens on 397B's shared expert 4 steps
     took 11.6 us against 12.3 with 2 (two calls); at one token 4 and 2 were within 0.2 us;
     1 step was the slowest at 1-4 tokens."""
     return int(max(1, min(triton.cdiv(h, block_k), 4)))
@@ -230,7 +230,7 @@ def default_unroll(h: int, block_k: int = BLOCK_K) -> int:
 
 def default_per_sm(m: int, h: int) -> int:
     """Programs a SM: 4 at one token with H >= 4096, else 2. Measured on the H200
-    (``scripts/bench_mlp.py``, twelfth session, two calls): 397B's shared expert at one
+    (``benchmarks/bench_mlp.py``, twelfth session, two calls): 397B's shared expert at one
     token 6.80 / 6.74 us with 4 against 7.25 / 7.11 with 2; with 4 at 2-4 tokens, and on
     Next-80B's (H = 2048) at 1-4, up to 1.1 us slower."""
     return 4 if m == 1 and h >= 4096 else 2
@@ -258,7 +258,7 @@ def fused_mlp(
     rows a program holds across the barrier. ``act_first``: each program loads every token's
     intermediate before it stores its first output (False: one token at a time, the form
     before; on the H200 at 4 tokens 11.6 against 11.2 us on 397B's shared expert, 7.0 against
-    6.4 on Next-80B's: ``scripts/bench_mlp.py``, fifteenth session)."""
+    6.4 on Next-80B's: ``benchmarks/bench_mlp.py``, fifteenth session)."""
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()

@@ -3,9 +3,6 @@
 * ``quant_per_tensor``: dynamic per-tensor quantization in one launch (reading
   the activation once, its chunks in registers across a grid barrier, up to 4096
   elements x the SM count; two passes above).
-* ``add_quant_tensor``: the one-pass kernel as a residual add, so that the next
-  linear reads FP8 rows with one scale from the launch that writes its input.
-* ``quant_static``: quantization with a given scale.
 
 Per-token quantization and the device functions shared with it:
 :mod:`mtpconv.kernels.triton_quant`.
@@ -15,6 +12,8 @@ Per-token quantization and the device functions shared with it:
 # mypy: disable-error-code="untyped-decorator,no-untyped-def,misc"
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -31,15 +30,6 @@ from mtpconv.kernels.triton_quant import (
     stream_key,
 )
 from mtpconv.kernels.triton_tile import pdl_enter
-
-
-@triton.jit
-def _quant_static_kernel(x_ptr, q_ptr, s_ptr, numel, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    q = tl.clamp(x / tl.load(s_ptr), -FP8_MAX, FP8_MAX)
-    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -93,10 +83,24 @@ def _quant_tensor_kernel(
 
 
 @triton.jit
+def quantize_chunk(
+    x, q_ptr, s_ptr, slots_ptr, cnt_ptr, pid, offs, mask, NPROG: tl.constexpr, SLOTS: tl.constexpr
+):  # fmt: skip
+    """Program ``pid`` holds the float32 chunk ``x`` of the tensor: the programs agree on the
+    amax (``agreed_amax``; NPROG is at most the SM count, so all are resident), then the chunk
+    goes to ``q`` in FP8 and program 0 writes the scale."""
+    amax = tl.max(tl.abs(x), axis=0)
+    if NPROG > 1:
+        amax = agreed_amax(amax, slots_ptr, cnt_ptr, pid, NPROG, SLOTS)
+    q, scale = fp8_scaled(x, amax)
+    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    if pid == 0:
+        tl.store(s_ptr, scale)
+
+
+@triton.jit
 def _quant_tensor_once_kernel(
     x_ptr,
-    y_ptr,
-    sum_ptr,
     q_ptr,
     s_ptr,
     slots_ptr,
@@ -105,28 +109,16 @@ def _quant_tensor_once_kernel(
     NPROG: tl.constexpr,
     SLOTS: tl.constexpr,
     CHUNK: tl.constexpr,
-    ADD: tl.constexpr,
     PDL: tl.constexpr,
 ):
     # Dynamic per-tensor quantization reading the activation once (decode sizes): each
-    # program holds its chunk in registers while the programs agree on the amax
-    # (agreed_amax; NPROG is at most the SM count, so all are resident).
+    # program holds its chunk in registers while the programs agree on the amax.
     pdl_enter(PDL)
     pid = tl.program_id(0)
     offs = pid * CHUNK + tl.arange(0, CHUNK)
     mask = offs < numel
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if ADD:  # x + y, rounded to x's dtype and written (a residual add), is what is quantized
-        total = (x + tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(sum_ptr.dtype.element_ty)
-        tl.store(sum_ptr + offs, total, mask=mask)
-        x = total.to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=0)
-    if NPROG > 1:
-        amax = agreed_amax(amax, slots_ptr, cnt_ptr, pid, NPROG, SLOTS)
-    q, scale = fp8_scaled(x, amax)
-    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
-    if pid == 0:
-        tl.store(s_ptr, scale)
+    quantize_chunk(x, q_ptr, s_ptr, slots_ptr, cnt_ptr, pid, offs, mask, NPROG, SLOTS)
 
 
 # Activations up to this many elements are quantized by a single program.
@@ -151,43 +143,39 @@ def _sync_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return state
 
 
-def _once(
-    x: torch.Tensor,
-    q: torch.Tensor,
-    s: torch.Tensor,
-    y: torch.Tensor | None = None,
-    total: torch.Tensor | None = None,
-) -> None:
-    """The one-pass per-tensor kernel over contiguous ``x`` (``x + y`` into ``total``)."""
-    numel = x.numel()
+class OnceLaunch(NamedTuple):
+    """The one-pass kernel's grid over ``numel`` elements: programs, their chunk, the barrier
+    state they agree through, warps."""
+
+    nprog: int
+    chunk: int
+    slots: torch.Tensor
+    counts: torch.Tensor
+    warps: int
+
+
+def once_launch(numel: int, device: torch.device) -> OnceLaunch:
+    """How the one-pass kernel covers ``numel`` elements (up to ``ONCE_CHUNK`` x the SM count)."""
     # Up to ONCE_ALONE elements one program holds them all (no barrier).
     chunk = triton.next_power_of_2(numel) if numel <= ONCE_ALONE else ONCE_CHUNK
     nprog = triton.cdiv(numel, chunk)
-    slots, count = agreement_state(x.device, "tensor", nprog, 1)
-    _quant_tensor_once_kernel[(nprog,)](
-        x, y if y is not None else x, total if total is not None else q, q, s, slots, count, numel,
-        NPROG=nprog, SLOTS=triton.next_power_of_2(nprog), CHUNK=chunk, ADD=y is not None,
-        num_warps=max(4, min(16, chunk // 1024)), **pdl.producer_launch(x.device),
+    slots, counts = agreement_state(device, "tensor", nprog, 1)
+    return OnceLaunch(nprog, chunk, slots, counts, max(4, min(16, chunk // 1024)))
+
+
+def one_pass_fits(numel: int, device: torch.device) -> bool:
+    """Whether the one-pass kernel takes ``numel`` elements on ``device``."""
+    return 0 < numel <= ONCE_CHUNK * sm_count(device.index or 0)
+
+
+def _once(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> None:
+    """The one-pass per-tensor kernel over contiguous ``x``."""
+    launch = once_launch(x.numel(), x.device)
+    _quant_tensor_once_kernel[(launch.nprog,)](
+        x, q, s, launch.slots, launch.counts, x.numel(),
+        NPROG=launch.nprog, SLOTS=triton.next_power_of_2(launch.nprog), CHUNK=launch.chunk,
+        num_warps=launch.warps, **pdl.producer_launch(x.device),
     )  # fmt: skip
-
-
-def add_quant_tensor(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(x + y, *quant_per_tensor(x + y))`` in one launch (a residual add whose sum is also
-    the next linear's FP8 input, one scale for the tensor), up to ``ONCE_CHUNK`` x the SM
-    count elements."""
-    if x.shape != y.shape or x.dtype != y.dtype:
-        raise ValueError(
-            f"add_quant_tensor: {tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype} differ"
-        )
-    numel = x.numel()
-    if not 0 < numel <= ONCE_CHUNK * sm_count(x.device.index or 0):
-        raise ValueError(f"add_quant_tensor: {numel} elements, one pass takes 1 to {ONCE_CHUNK} x SMs")
-    xc, yc = x.contiguous(), y.contiguous()
-    total = torch.empty_like(xc)
-    q = torch.empty(xc.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty((), dtype=torch.float32, device=x.device)
-    _once(xc, q, s, yc, total)
-    return total, q, s
 
 
 def quant_per_tensor(x: torch.Tensor, one_pass: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,7 +191,7 @@ def quant_per_tensor(x: torch.Tensor, one_pass: bool | None = None) -> tuple[tor
     numel = xc.numel()
     q = torch.empty(xc.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((), dtype=torch.float32, device=x.device)
-    fits = 0 < numel <= ONCE_CHUNK * sm_count(x.device.index or 0)
+    fits = one_pass_fits(numel, x.device)
     if one_pass is None:
         one_pass = fits
     elif one_pass and not fits:
@@ -227,13 +215,3 @@ def quant_per_tensor(x: torch.Tensor, one_pass: bool | None = None) -> tuple[tor
         xc, q, s, amax, sync, numel, chunk, NPROG=nprog, BLOCK=block, num_warps=warps
     )
     return q, s
-
-
-def quant_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """FP8 quantization of ``x`` with a given float32 scale (one kernel)."""
-    xc = x.reshape(-1, x.shape[-1]).contiguous()
-    q = torch.empty(xc.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    numel = xc.numel()
-    block = 1024
-    _quant_static_kernel[(triton.cdiv(numel, block),)](xc, q, scale, numel, BLOCK=block)
-    return q

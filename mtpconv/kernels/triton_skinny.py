@@ -39,11 +39,13 @@ import torch
 import triton
 import triton.language as tl
 
+from mtpconv.formats.scale_layout import BLOCK
 from mtpconv.kernels import pdl as pdl_setting
 from mtpconv.kernels import triton_gemv
-from mtpconv.kernels.reference import BLOCK, is_block_scale
-from mtpconv.kernels.skinny_tuned import ONE_PIECE, TUNED_PREPARED, Entry, token_bucket, tuned_entry
+from mtpconv.kernels.reference import is_block_scale
+from mtpconv.kernels.triton_quant import BLOCK_EDGE, FP8_MAX
 from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, pdl_leave, weight_tile
+from mtpconv.kernels.tuning import Entry, Tuning, for_device, token_bucket
 
 SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK = 0, 1, 2
 
@@ -106,7 +108,8 @@ def _skinny_kernel(
         else:
             w = weight_tile(w_ptrs, mask_n, mask_k, EVEN_K)
         if SCALE == 2:
-            sb = tl.load(s_ptr + (offs_n // 128) * stride_sn + (k_start + kk) // 128, mask=mask_n, other=0.0)
+            s_at = s_ptr + (offs_n // BLOCK_EDGE) * stride_sn + (k_start + kk) // BLOCK_EDGE
+            sb = tl.load(s_at, mask=mask_n, other=0.0)
         if DOT:
             if EVEN_K:
                 xt = tl.load(x_ptrs, mask=mask_m[None, :], other=0.0)
@@ -115,8 +118,8 @@ def _skinny_kernel(
             if MMA == 2:  # FP8 MMA: the tile's tokens quantized here, one scale per token
                 xf = xt.to(tl.float32)
                 amax = tl.maximum(tl.max(tl.abs(xf), axis=0), 1e-30)
-                q = (xf * (448.0 / amax)[None, :]).to(tl.float8e4nv)
-                part = tl.dot(w, q) * (amax / 448.0)[None, :]
+                q = (xf * (FP8_MAX / amax)[None, :]).to(tl.float8e4nv)
+                part = tl.dot(w, q) * (amax / FP8_MAX)[None, :]
                 if SCALE == 2:
                     part = part * sb[:, None]
                 acc += part
@@ -191,15 +194,14 @@ def sm_count(index: int) -> int:
 
 
 def _tabled(entry: Entry, sms: int) -> Config:
-    """A :mod:`mtpconv.kernels.skinny_tuned` entry (resident programs as waves) as a Config."""
-    dot, block_n, block_k, warps, stages, waves, mma, tma, narrow = entry
-    return Config(dot, block_n, block_k, warps, stages, waves * sms, mma, tma, narrow)
+    """A :mod:`mtpconv.kernels.tuning` entry (resident programs as waves) as a Config."""
+    return Config(*entry._replace(waves=entry.waves * sms))
 
 
-def default_config(m: int, n: int, k: int, sms: int) -> Config:
-    """The sweep's best configuration for a benchmarked shape (:mod:`skinny_tuned`),
-    else rules from sweeps on the H200 (scripts/bench_draft.py --sweep for the tuned
-    shapes, scripts/bench_rule.py for other families' drafter linears; docs/BENCHMARKS.md).
+def default_config(m: int, n: int, k: int, sms: int, table: Tuning | None = None) -> Config:
+    """The sweep's best configuration for a benchmarked shape (``table``'s ``skinny``
+    entries; None: :func:`mtpconv.kernels.tuning.for_device`'s without a device), else rules
+    from sweeps on the H200 (docs/BENCHMARKS.md, *Tuning tables*).
 
     One token: FMA on CUDA cores (weight-only numerics), the narrow-load GEMV from K = 4096
     (it won every swept shape with K >= 4096 at one token), two rows a program where the
@@ -210,10 +212,9 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
     activations beyond 65504; the BF16 MMA was 1.5x slower); on other families' shapes it
     is up to 83% slower than the best (64 x 256 tiles by TMA won there on some shapes and
     lost on others: docs/BENCHMARKS.md)."""
-    key = (token_bucket(m) or 0, n, k)  # 0: beyond the table
-    tuned = tuned_entry(key)  # the measured entry, or MTPCONV_GEMV_ONE_TOKEN's in its place
+    tuned = (table or for_device()).skinny.get((token_bucket(m) or 0, n, k))  # 0: beyond the table
     if tuned is not None:
-        return _tabled(tuned[0], sms)._replace(split=1 if key in ONE_PIECE else 0, first_ahead=tuned[1])
+        return _tabled(tuned, sms)
     if m == 1:
         if k >= 4096:
             programs = 4 * sms  # one wave
@@ -227,21 +228,21 @@ def default_config(m: int, n: int, k: int, sms: int) -> Config:
     return Config(True, 64, 128, 4, 3, 4 * sms, 2)
 
 
-def prepared_config(m: int, n: int, k: int, sms: int) -> Config:
+def prepared_config(m: int, n: int, k: int, sms: int, table: Tuning | None = None) -> Config:
     """The launch for FP8 activations prepared before it (``x_scale``): the sweep's best
-    (:data:`mtpconv.kernels.skinny_tuned.TUNED_PREPARED`), else the tile of
+    (``table``'s ``prepared`` entries, each with ``split`` 1), else the tile of
     :func:`default_config` at 2+ tokens, else 64 x 128 tiles; each tile's K range in one
     program (``split`` 1). Cutting K to fill the waves lost on every shape of
-    ``scripts/bench_paths.py --prepared --splits --tokens 4,16`` (docs/BENCHMARKS.md, issue
-    12, fourteenth session: 17 drafter linears, N 1024-34816, K 512-17408, even those of 16
+    ``benchmarks/linear_paths.py --prepared --splits --tokens 4,16`` (docs/BENCHMARKS.md:
+    17 drafter linears, N 1024-34816, K 512-17408, even those of 16
     tiles on 132 SMs): the fastest configuration ran K in one piece on all 30 (shape, tokens)
     pairs; the fastest in two or four pieces was 4-21% slower where it was among the eight
     fastest at all, the float32 partials and the last piece's sum costing more than idle SMs."""
-    bucket = token_bucket(m)
-    tuned = TUNED_PREPARED.get((bucket, n, k)) if bucket is not None else None
+    table = table or for_device()
+    tuned = table.prepared.get((token_bucket(m) or 0, n, k))
     if tuned is not None:
-        return _tabled(tuned, sms)._replace(split=1)
-    base = default_config(m, n, k, sms)
+        return _tabled(tuned, sms)
+    base = default_config(m, n, k, sms, table)
     if base.dot:
         return base._replace(mma=MMA_PREPARED, split=1)
     return Config(True, 64, 128, 4, 3, 4 * sms, MMA_PREPARED, split=1)
@@ -343,12 +344,13 @@ def skinny_linear(
     if not s.is_contiguous():
         s = s.contiguous()
     sms = sm_count(x.device.index or 0) if x.device.type == "cuda" else 8
+    table = for_device(x.device) if config is None else None
     if x_scale is not None:
-        cfg = config if config is not None else prepared_config(m, n, k, sms)
+        cfg = config if config is not None else prepared_config(m, n, k, sms, table)
         if not cfg.dot or cfg.mma != MMA_PREPARED:
             raise ValueError(f"skinny_linear: FP8 activations (x_scale) take a dot config, mma 3: {cfg}")
     else:
-        cfg = config if config is not None else default_config(m, n, k, sms)
+        cfg = config if config is not None else default_config(m, n, k, sms, table)
     gemv = cfg.narrow and not cfg.dot
     if gemv and m > triton_gemv.MAX_TOKENS:
         raise ValueError(f"a narrow configuration takes at most {triton_gemv.MAX_TOKENS} tokens, got {m}")

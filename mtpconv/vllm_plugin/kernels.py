@@ -29,7 +29,8 @@ import functools
 
 import torch
 
-FP8_MAX = 448.0
+from mtpconv.formats.e4m3 import FP8_MAX
+
 CPU_VNNI = "cpu_vnni"
 CUDA = "cuda"
 DEQUANT = "dequant"

@@ -23,6 +23,7 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm.platforms import current_platform
 
 from mtpconv.errors import ManifestError
+from mtpconv.formats.scale_layout import BLOCK
 from mtpconv.vllm_plugin.kernels import PreparedFp8
 
 _UNSET = torch.finfo(torch.float32).min
@@ -52,7 +53,6 @@ def fp8_experts_method(layer: Any, prefix: str, block: bool = False) -> Quantize
     return Fp8ExpertsLoopMethod(layer.moe_config, block=block)
 
 
-BLOCK = 128
 
 
 def _blocks(n: int) -> int:

@@ -138,7 +138,7 @@ def test_fp8_mlp_takes_one_launch_here_and_three_elsewhere(monkeypatch: pytest.M
     assert not mlp.fused_here(x)
     three = fp8_mlp(x, gu, gs, dn, ds)
     # the three launches' down projection at 2-16 rows quantizes its input per token on the
-    # shapes of skinny_tuned.SELF_PREPARED (397B's among them): the W8A8 bound of the other tests
+    # shapes of the tuning table's skinny_token shapes (397B's among them): the W8A8 bound of the other tests
     assert _rel(one, ref) < 1e-2 and _rel(three, ref) < 6e-2
     if hopper:
         from mtpconv.kernels import triton_mlp

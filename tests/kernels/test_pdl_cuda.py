@@ -81,7 +81,7 @@ def _chain(x: torch.Tensor, ws: list[tuple[torch.Tensor, torch.Tensor]], moe: tu
     """Dependent kernels: each linear reads the previous output (split-K forced on the
     big ones, so they share the per-stream workspace), a torch op in between, then the
     grouped MoE kernel on ids from torch's top-k, and its down projection."""
-    from mtpconv.kernels import triton_moe
+    from benchmarks.kernels import moe as triton_moe
     from mtpconv.kernels import triton_skinny as ts
 
     outs = []
@@ -133,22 +133,24 @@ def _producer_chain(
     concatenation's FP8 rows, a residual add with its rows (split across programs that
     agree on the amax: 10240 columns), SiLU * up's rows, the per-tensor add before a
     cuBLAS linear, SiLU * up alone, routing and the MoE sum with its rows."""
-    from mtpconv.kernels import fp8_linear, triton_glue, triton_quant, triton_quant_tensor
+    from benchmarks.kernels import glue, producers
+    from benchmarks.kernels.prepared import prepared_linear
+    from mtpconv.kernels.triton_glue import silu_mul
 
     def lin(rows: tuple[torch.Tensor, torch.Tensor], i: int) -> torch.Tensor:
-        return fp8_linear(rows[0], *ws[i], x_scale=rows[1], out_dtype=torch.bfloat16)
+        return prepared_linear(rows[0], *ws[i], None, x_scale=rows[1], out_dtype=torch.bfloat16)
 
-    h = lin(triton_quant.quant_cat(emb, hid), 0)  # [T, 10240]
-    total, q, sc = triton_quant.add_quant(h, h * 0.25)
+    h = lin(producers.quant_cat(emb, hid), 0)  # [T, 10240]
+    total, q, sc = producers.add_quant(h, h * 0.25)
     up = lin((q, sc), 1)  # [T, 2 * 2048]
-    d = lin(triton_quant.quant_per_token(up, act=True), 2)  # [T, 2048]
-    total2, qt, st = triton_quant_tensor.add_quant_tensor(d, emb[:, :2048])
-    c = fp8_linear(qt, *ws[3], x_scale=st, out_dtype=torch.bfloat16)  # [T, 4096], 0-d scale
-    act = triton_glue.silu_mul(c)  # [T, 2048]
-    ids, weights, gate = triton_glue.topk_softmax(act[:, :17], 4, 16, weight_dtype=act.dtype)
+    d = lin(producers.quant_act(up), 2)  # [T, 2048]
+    total2, qt, st = producers.add_quant_tensor(d, emb[:, :2048])
+    c = prepared_linear(qt, *ws[3], None, x_scale=st, out_dtype=torch.bfloat16)  # [T, 4096], 0-d scale
+    act = silu_mul(c)  # [T, 2048]
+    ids, weights, gate = glue.topk_softmax(act[:, :17], 4, 16, weight_dtype=act.dtype)
     rows = (act.repeat_interleave(4, dim=0) * weights.reshape(-1, 1)).contiguous()
     assert gate is not None
-    out, q2, s2 = triton_glue.combine_quant(act, rows, d, gate)
+    out, q2, s2 = glue.combine_quant(act, rows, d, gate)
     return [h, total, q, sc, up, d, total2, qt, st, c, act, ids, weights, out, q2, s2, lin((q2, s2), 4)]
 
 

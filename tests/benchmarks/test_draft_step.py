@@ -1,4 +1,4 @@
-"""The drafter-step benchmark's own logic (scripts/bench_draft.py): variant modifiers (CPU),
+"""The drafter-step benchmark's own logic (benchmarks/drafter_step): variant modifiers (CPU),
 and on CUDA that the step's forms compute what the serial step computes: the shared expert
 on a side stream (bit for bit, eagerly and replayed from a CUDA graph), in one launch, or
 inside the grouped MoE launches (within rounding)."""
@@ -13,33 +13,32 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import bench_draft as bd  # noqa: E402
-
-from mtpconv.kernels import pdl, triton_available  # noqa: E402
+from benchmarks import draft_step
+from benchmarks.drafter_step import model, timing, variants
+from mtpconv.kernels import pdl, triton_available, tuning
 
 
 def test_variant_modifiers() -> None:
-    assert bd.variant_parts("auto") == bd.Variant("auto", {}, True, False, False, False, False, False, False)
-    assert bd.variant_parts("bf16+shared") == bd.variant_parts("bf16")  # the default: in the grouped launches
-    assert not bd.variant_parts("bf16+noshared").shared
-    parts = bd.variant_parts("auto+late+side+noprep")  # +side: the shared expert's own launches
+    assert variants.variant_parts("auto") == variants.Variant(path="auto")
+    assert variants.variant_parts("bf16+shared") == variants.variant_parts("bf16")  # the default: in the grouped launches
+    assert not variants.variant_parts("bf16+noshared").shared
+    parts = variants.variant_parts("auto+late+side+noprep")  # +side: the shared expert's own launches
     assert parts.env == {pdl.ENV: "late"} and parts.side and parts.noprep and not parts.shared
-    assert not bd.variant_parts("auto+nomlp").shared and bd.variant_parts("auto+moerows").shared
-    assert not bd.variant_parts("auto+moerows+noshared").shared
+    assert not variants.variant_parts("auto+nomlp").shared and variants.variant_parts("auto+moerows").shared
+    assert not variants.variant_parts("auto+moerows+noshared").shared
     with pytest.raises(ValueError, match="need the shared expert's own launches"):
-        bd.variant_parts("auto+shared+side")
+        variants.variant_parts("auto+shared+side")
     with pytest.raises(ValueError, match=r"\+shared and \+noshared"):
-        bd.variant_parts("bf16+noshared+shared")
-    assert bd.variant_parts("bf16+nopdl").env == {pdl.ENV: "0"}
+        variants.variant_parts("bf16+noshared+shared")
+    assert variants.variant_parts("bf16+nopdl").env == {pdl.ENV: "0"}
     with pytest.raises(ValueError, match="unknown variant modifier"):
-        bd.variant_parts("auto+sideways")
-    assert bd.variant_parts("auto+nomlp").nomlp and not bd.variant_parts("auto").nomlp
-    assert bd.variant_parts("auto+moerows").moe_rows and not bd.variant_parts("auto").moe_rows
-    assert bd.variant_parts("auto+ownroute").own_route and not bd.variant_parts("bf16").own_route
-    assert bd.variant_parts("auto+late+FUSED_MLP=0").env == {pdl.ENV: "late", "MTPCONV_FUSED_MLP": "0"}
-    assert bd.mlp_fn("auto") is not None
-    assert bd.mlp_fn("auto+nomlp") is None and bd.mlp_fn("bf16") is None and bd.mlp_fn("wo_skinny") is None
+        variants.variant_parts("auto+sideways")
+    assert variants.variant_parts("auto+nomlp").nomlp and not variants.variant_parts("auto").nomlp
+    assert variants.variant_parts("auto+moerows").moe_rows and not variants.variant_parts("auto").moe_rows
+    assert variants.variant_parts("auto+ownroute").own_route and not variants.variant_parts("bf16").own_route
+    assert variants.variant_parts("auto+late+FUSED_MLP=0").env == {pdl.ENV: "late", "MTPCONV_FUSED_MLP": "0"}
+    assert variants.mlp_fn("auto") is not None
+    assert variants.mlp_fn("auto+nomlp") is None and variants.mlp_fn("bf16") is None and variants.mlp_fn("wo_skinny") is None
 
 
 @pytest.mark.parametrize("variant", ["auto+shared+side", "bf16+sideways", "no_such_path"])
@@ -48,29 +47,29 @@ def test_bad_variants_end_in_a_usage_error_before_any_output(
 ) -> None:
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exc:
-        bd.main(["--out", str(out), "--variants", f"bf16,{variant}"])
+        draft_step.main(["--out", str(out), "--variants", f"bf16,{variant}"])
     assert exc.value.code == 2
     assert "--variants: " in capsys.readouterr().err
     assert not out.exists()
 
 
 # A small MoE drafter: the step's kernels at sizes that build in a moment.
-TINY_MOE = bd.Shape("tiny-moe", 1024, 4096, 2048, 256, 1024, experts=64, top_k=4,
+TINY_MOE = model.Shape("tiny-moe", 1024, 4096, 2048, 256, 1024, experts=64, top_k=4,
                     moe_intermediate=256, shared_intermediate=256)  # fmt: skip
 
 
 def tiny_moe_step_inputs(
     variant: str, tokens: int, seed: int
-) -> tuple[bd.WeightSet, torch.Tensor, torch.Tensor, bd.LinearFn, bd.MoeFn]:
+) -> tuple[model.WeightSet, torch.Tensor, torch.Tensor, model.LinearFn, model.MoeFn]:
     """``(weights, emb, hid, linear_fn, moe_fn)`` of a TINY_MOE step on CUDA: weights from
     ``seed``, inputs from ``tokens``."""
     dev = torch.device("cuda")
-    ws = bd.build_weights(TINY_MOE, dev, seed=seed, head_full=None)
+    ws = model.build_weights(TINY_MOE, dev, seed=seed, head_full=None)
     gen = torch.Generator(device=dev).manual_seed(tokens)
     emb = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
     hid = torch.randn(tokens, TINY_MOE.hidden, device=dev, generator=gen).to(torch.bfloat16)
-    lin = bd.linear_fn(variant, torch.tensor(4.0 / 448.0, device=dev))
-    return ws, emb, hid, lin, bd.moe_fn(variant, "grouped")
+    lin = variants.linear_fn(variant)
+    return ws, emb, hid, lin, variants.moe_fn(variant, "grouped")
 
 
 @pytest.mark.cuda
@@ -80,11 +79,11 @@ def tiny_moe_step_inputs(
 def test_shared_expert_beside_the_routed_ones_changes_no_bit(variant: str, tokens: int) -> None:
     dev = torch.device("cuda")
     ws, emb, hid, lin, moe = tiny_moe_step_inputs(variant, tokens, seed=3)
-    prep = bd.prepare_fn(variant)
-    mlp = bd.mlp_fn(variant)  # auto: the shared expert in one launch at 1-4 tokens (Hopper)
+    prep = variants.prepare_fn(variant)
+    mlp = variants.mlp_fn(variant)  # auto: the shared expert in one launch at 1-4 tokens (Hopper)
 
     def run(side: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return bd.step(TINY_MOE, ws, emb, hid, lin, moe, False, False, "fused", prep, side, mlp)
+        return model.step(TINY_MOE, ws, emb, hid, lin, moe, False, False, "fused", prep, side, mlp)
 
     want, want_ids = run(False)
     got, ids = run(True)
@@ -100,7 +99,7 @@ def test_shared_expert_beside_the_routed_ones_changes_no_bit(variant: str, token
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured, run(False)[0])
-    queued, single = bd.graph_times(lambda: run(True), reps=1, replays=3)
+    queued, single = timing.graph_times(lambda: run(True), reps=1, replays=3)
     assert queued > 0 and single > 0
 
 
@@ -109,10 +108,10 @@ def test_shared_expert_beside_the_routed_ones_changes_no_bit(variant: str, token
 @pytest.mark.parametrize("tokens", [1, 4, 16])
 def test_shared_expert_in_one_launch_computes_what_three_do(tokens: int) -> None:
     ws, emb, hid, lin, moe = tiny_moe_step_inputs("auto", tokens, seed=4)
-    prep = bd.prepare_fn("auto")
+    prep = variants.prepare_fn("auto")
     args = (TINY_MOE, ws, emb, hid, lin, moe, False, False, "fused", prep, False)
-    one, ids = bd.step(*args, bd.mlp_fn("auto"))
-    three, ids3 = bd.step(*args, bd.mlp_fn("auto+nomlp"))
+    one, ids = model.step(*args, variants.mlp_fn("auto"))
+    three, ids3 = model.step(*args, variants.mlp_fn("auto+nomlp"))
     assert ids is not None and ids3 is not None and torch.equal(ids, ids3)  # routing comes first
     # the one launch keeps SiLU * up in float32 where the three round it to bf16 twice
     assert float((one.double() - three.double()).norm() / three.double().norm()) < 2e-2
@@ -132,9 +131,9 @@ def test_routed_experts_rows_from_the_residual_add_change_no_bit(
     per-token quantization gives."""
     ws, emb, hid, lin, moe = tiny_moe_step_inputs("auto", tokens, seed=5)
     args = (TINY_MOE, ws, emb, hid, lin, moe, False, in_grouped, "fused")
-    rest = (bd.prepare_fn("auto"), False, bd.mlp_fn(mlp_variant))
-    want, want_ids = bd.step(*args, *rest, bd.variant_parts("auto").moe_rows)
-    got, ids = bd.step(*args, *rest, bd.variant_parts("auto+moerows").moe_rows)
+    rest = (variants.prepare_fn("auto"), False, variants.mlp_fn(mlp_variant))
+    want, want_ids = model.step(*args, *rest, variants.variant_parts("auto").moe_rows)
+    got, ids = model.step(*args, *rest, variants.variant_parts("auto+moerows").moe_rows)
     assert ids is not None and want_ids is not None and torch.equal(ids, want_ids)
     assert torch.equal(got, want)
 
@@ -147,10 +146,10 @@ def test_shared_expert_in_the_grouped_launches_computes_what_its_own_do(variant:
     """The default step: the shared expert as one more expert of the grouped launches, its
     sigmoid gate as the routing weight, against the shared expert in launches of its own."""
     ws, emb, hid, lin, moe = tiny_moe_step_inputs(variant, tokens, seed=6)
-    assert bd.variant_parts(variant).shared
-    rest = ("fused", bd.prepare_fn(variant), False, bd.mlp_fn(variant))
-    inside, ids = bd.step(TINY_MOE, ws, emb, hid, lin, moe, False, True, *rest)
-    own, own_ids = bd.step(TINY_MOE, ws, emb, hid, lin, moe, False, False, *rest)
+    assert variants.variant_parts(variant).shared
+    rest = ("fused", variants.prepare_fn(variant), False, variants.mlp_fn(variant))
+    inside, ids = model.step(TINY_MOE, ws, emb, hid, lin, moe, False, True, *rest)
+    own, own_ids = model.step(TINY_MOE, ws, emb, hid, lin, moe, False, False, *rest)
     assert ids is not None and own_ids is not None and torch.equal(ids, own_ids)  # routing comes first
     err = float((inside.double() - own.double()).norm() / own.double().norm())
     # BF16: the gate applied before the row is rounded rather than after. FP8: at 2+ tokens
@@ -160,38 +159,38 @@ def test_shared_expert_in_the_grouped_launches_computes_what_its_own_do(variant:
 
 
 def check_every_variant_reads_the_bf16_routing(
-    shape: bd.Shape, dev: torch.device, variant: str, tokens: int, in_grouped: bool
+    shape: model.Shape, dev: torch.device, variant: str, tokens: int, in_grouped: bool
 ) -> None:
     """By default each variant's MoE launches take the BF16 step's routing (``bf16_routing``):
     the step reports those experts, handing a step its own routing changes no bit, and
     another routing changes what it computes (the launches read the experts they are given)."""
-    ws = bd.build_weights(shape, dev, seed=7, head_full=None)
+    ws = model.build_weights(shape, dev, seed=7, head_full=None)
     gen = torch.Generator(device=dev).manual_seed(tokens)
     emb = torch.randn(tokens, shape.hidden, device=dev, generator=gen).to(torch.bfloat16)
     hid = torch.randn(tokens, shape.hidden, device=dev, generator=gen).to(torch.bfloat16)
-    routing = bd.bf16_routing(shape, ws, emb, hid)
+    routing = variants.bf16_routing(shape, ws, emb, hid)
     assert routing is not None and routing.ids.shape == (tokens, shape.top_k)
     assert torch.equal(routing.with_shared[:, : shape.top_k], routing.ids)
     assert bool((routing.with_shared[:, -1] == shape.experts).all())
-    bf16_lin, bf16_moe = bd.linear_fn("bf16", emb.new_ones(())), bd.moe_fn("bf16", "grouped")
-    _, bf16_ids = bd.step(shape, ws, emb, hid, bf16_lin, bf16_moe, False, True)
+    bf16_lin, bf16_moe = variants.linear_fn("bf16"), variants.moe_fn("bf16", "grouped")
+    _, bf16_ids = model.step(shape, ws, emb, hid, bf16_lin, bf16_moe, False, True)
     assert bf16_ids is not None and torch.equal(bf16_ids, routing.ids)
 
-    lin, moe = bd.linear_fn(variant, emb.new_ones(()) * (4.0 / 448.0)), bd.moe_fn(variant, "grouped")
-    rest = ("fused", bd.prepare_fn(variant), False, bd.mlp_fn(variant), False)
+    lin, moe = variants.linear_fn(variant), variants.moe_fn(variant, "grouped")
+    rest = ("fused", variants.prepare_fn(variant), False, variants.mlp_fn(variant), False)
 
-    def run(route: bd.Routing | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return bd.step(shape, ws, emb, hid, lin, moe, False, in_grouped, *rest, route)
+    def run(route: model.Routing | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return model.step(shape, ws, emb, hid, lin, moe, False, in_grouped, *rest, route)
 
     own, own_ids = run(None)
     assert own_ids is not None
     own_ids = own_ids.contiguous()
-    again, again_ids = run(bd.Routing.of(own_ids, shape.experts))
+    again, again_ids = run(model.Routing.of(own_ids, shape.experts))
     assert torch.equal(again, own) and again_ids is not None and torch.equal(again_ids, own_ids)
     _, ids = run(routing)
     assert ids is not None and torch.equal(ids, routing.ids)
     moved = (own_ids + 1) % shape.experts  # every pick moved to another expert
-    other, other_ids = run(bd.Routing.of(moved, shape.experts))
+    other, other_ids = run(model.Routing.of(moved, shape.experts))
     assert other_ids is not None and torch.equal(other_ids, moved) and not torch.equal(other, own)
 
 
@@ -210,10 +209,10 @@ def test_every_variant_reads_the_experts_the_bf16_step_picks(in_grouped: bool, t
 # tests/kernels/test_linear.py's interpreted test.
 _INTERPRETED_ROUTING = """
 import sys, torch
-sys.path[:0] = [{tests!r}, {scripts!r}]
-import bench_draft as bd
-from test_bench_draft_step import check_every_variant_reads_the_bf16_routing as check
-shape = bd.Shape("micro-moe", 256, 512, 256, 64, 256, experts=16, top_k=4, moe_intermediate=64,
+sys.path[:0] = [{root!r}]
+from benchmarks.drafter_step import model
+from tests.benchmarks.test_draft_step import check_every_variant_reads_the_bf16_routing as check
+shape = model.Shape("micro-moe", 256, 512, 256, 64, 256, experts=16, top_k=4, moe_intermediate=64,
                  shared_intermediate=64)
 for in_grouped in (True, False):
     check(shape, torch.device("cpu"), "bf16", 1, in_grouped)
@@ -223,38 +222,35 @@ print("routing ok")
 
 def test_every_variant_reads_the_bf16_routing_under_the_interpreter() -> None:
     pytest.importorskip("triton")
-    here = Path(__file__).resolve().parent
-    code = _INTERPRETED_ROUTING.format(tests=str(here), scripts=str(here.parent / "scripts"))
+    root = Path(__file__).resolve().parents[2]
+    code = _INTERPRETED_ROUTING.format(root=str(root))
     env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=root
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "routing ok" in done.stdout
 
 
-def test_sweep_gemv_step_names_its_winners_as_the_override_reads_them(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The setting scripts/sweep_gemv_step.py hands its winners to the step in
-    (skinny_tuned.one_token_setting) reads back as the same entries, and names no entry that is
-    not a narrow GEMV; a --shapes entry that is not NxK, or not one of
-    the model's tabled one-token linears, is refused before any CUDA work."""
-    import sweep_gemv_step as sg
+def test_candidate_launches_are_a_variant_s_python_settings() -> None:
+    """``+gemv1=...`` and ``+moe1=...`` put candidate one-token entries in place of the tuning
+    table's and the experts' measured configurations while the variant's graphs are captured
+    (through Python, no environment switch); a malformed entry is refused naming its modifier."""
+    from benchmarks.kernels import moe_tuned
 
-    from mtpconv.kernels import skinny_tuned
-
-    chosen = {
-        (4096, 8192): ((False, 2, 1024, 4, 3, 4, 0, False, True), 1),
-        (32768, 4096): ((False, 8, 2048, 8, 3, 12, 0, False, True), 2),
+    name = "auto+gemv1=4096x8192:2x1024x4x1;32768x4096:2x1024x4x2x12+moe1=1024:32x128x2"
+    parts = variants.variant_parts(name)
+    assert parts.gemv_one_token[(4096, 8192)] == tuning.Entry(False, 2, 1024, 4, 3, 4, 0, False, True, 0, 1)
+    assert parts.gemv_one_token[(32768, 4096)].waves == 12 and parts.moe_one_token == {
+        1024: (32, 128, 2, 3, moe_tuned.FMA_NARROW)
     }
-    setting = skinny_tuned.one_token_setting(chosen)
-    assert setting is not None
-    monkeypatch.setenv(skinny_tuned.ONE_TOKEN_ENV, setting)
-    for (n, k), want in chosen.items():
-        assert skinny_tuned.one_token_override(n, k) == want
-    assert skinny_tuned.one_token_setting({(4096, 8192): (skinny_tuned.TUNED[(4, 4096, 8192)], 0)}) is None
-    assert skinny_tuned.tuned_entry((1, 4096, 8192)) == chosen[(4096, 8192)]
-    assert skinny_tuned.tuned_entry((4, 4096, 8192)) == (skinny_tuned.TUNED[(4, 4096, 8192)], 0)
-    for shapes, message in (("4096x", "is not NxK"), ("4096x4096", "not a tabled one-token linear")):
-        with pytest.raises(SystemExit):
-            sg.main(["--out", "/nonexistent/never", "--shapes", shapes])
-        assert message in capsys.readouterr().err
+    table = tuning.for_device()
+    with variants.variant_settings(name):
+        inside = tuning.for_device()
+        assert inside.skinny[(1, 4096, 8192)].first_ahead == 1 and inside.skinny[(4, 4096, 8192)] == table.skinny[(4, 4096, 8192)]
+        assert moe_tuned.default_config(1, 4096, 1024, fp8=True) == (32, 128, 2, 3, moe_tuned.FMA_NARROW)
+    assert tuning.for_device() is table
+    assert moe_tuned.default_config(1, 4096, 1024, fp8=True) == (64, 128, 4, 3, moe_tuned.FMA_NARROW)
+    for bad, message in (("auto+gemv1=4096x8192:2x1024", r"\+gemv1: '4096x8192:2x1024'"), ("auto+moe1=down:1x2x3", r"\+moe1")):
+        with pytest.raises(ValueError, match=message):
+            variants.variant_parts(bad)

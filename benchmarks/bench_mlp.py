@@ -1,6 +1,6 @@
 """The MoE drafters' shared expert alone (CUDA): one launch against three, and BF16.
 
-    PYTHONPATH=$PWD python3 scripts/bench_mlp.py --out $OUT/mlp --tokens 1,2,4
+    PYTHONPATH=$PWD python3 benchmarks/bench_mlp.py --out $OUT/mlp --tokens 1,2,4
 
 For each MoE model of ``bench_draft.SHAPES`` and token count, times the shared expert
 (gate_up, SiLU * up, down) as ``bench_draft.py --micro`` times a linear: a CUDA graph over
@@ -31,8 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_draft as bd  # noqa: E402
+from benchmarks.drafter_step import model, timing
 
 
 def forms(
@@ -81,13 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     gen = torch.Generator(device=dev).manual_seed(0)
-    for s in bd.SHAPES.values():
+    for s in model.SHAPES.values():
         if not s.experts:
             continue
         h, i = s.hidden, s.shared_intermediate
         fp8_bytes = 3 * h * i
-        copies = max(2, math.ceil(bd.L2_SAFE_BYTES / (2 * fp8_bytes)))
-        ws = [(bd.Linear.make(2 * i, h, dev, gen), bd.Linear.make(h, i, dev, gen)) for _ in range(copies)]
+        copies = max(2, math.ceil(model.L2_SAFE_BYTES / (2 * fp8_bytes)))
+        make = model.Linear.make
+        ws = [(make(2 * i, h, dev, gen), make(h, i, dev, gen)) for _ in range(copies)]
         for t in [int(v) for v in args.tokens.split(",")]:
             x = torch.randn(t, h, device=dev, generator=gen).to(torch.bfloat16)
             per_sms = [int(p) for p in args.per_sm.split(",")]
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                     for gu, dn in ws:
                         fn(x, gu, dn)
 
-                us = bd.time_graph(run, reps=1) / copies
+                us = timing.time_graph(run, reps=1) / copies
                 nbytes = fp8_bytes * (2 if name == "bf16" else 1)
                 rows.append({"model": s.name, "h": h, "i": i, "tokens": t, "form": name, "us": us,
                              "tbps": nbytes / (us * 1e-6) / 1e12})  # fmt: skip

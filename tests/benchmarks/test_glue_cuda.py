@@ -1,14 +1,13 @@
-"""The drafter step's routing and sum kernels (``triton_glue``) against torch.
+"""The benchmark drafter step's routing, sum and producer kernels (``benchmarks.kernels``) against torch.
 
 Skipped where no CUDA device is present (CI); run on the GPU machine with
-``python -m pytest -q tests/kernels/test_glue_cuda.py``.
+``python -m pytest -q tests/benchmarks/test_glue_cuda.py``.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -22,12 +21,12 @@ def torch_routing(logits: torch.Tensor, top_k: int, n_experts: int) -> tuple[tor
 @pytest.mark.parametrize("tokens", [1, 4, 16, 33])
 @pytest.mark.parametrize(("n_experts", "top_k"), [(512, 10), (64, 8), (100, 1), (256, 16)])
 def test_topk_softmax_matches_softmax_topk_renormalise(tokens: int, n_experts: int, top_k: int) -> None:
-    from mtpconv.kernels import triton_glue
+    from benchmarks.kernels import glue
 
     g = torch.Generator(device="cuda").manual_seed(tokens * 1000 + n_experts)
     # float32 logits: no two equal, so the ids must be exactly torch.topk's, in its order
     logits = torch.randn(tokens, n_experts, device="cuda", generator=g) * 3
-    ids, w, gate = triton_glue.topk_softmax(logits, top_k, n_experts, weight_dtype=torch.float32)
+    ids, w, gate = glue.topk_softmax(logits, top_k, n_experts, weight_dtype=torch.float32)
     ref_ids, ref_w = torch_routing(logits, top_k, n_experts)
     assert gate is None
     assert ids.dtype == torch.int64 and ids.shape == (tokens, top_k)
@@ -37,13 +36,13 @@ def test_topk_softmax_matches_softmax_topk_renormalise(tokens: int, n_experts: i
 
 @pytest.mark.parametrize("append", [False, True])
 def test_topk_softmax_bf16_logits_and_shared_gate(append: bool) -> None:
-    from mtpconv.kernels import triton_glue
+    from benchmarks.kernels import glue
 
     n_experts, top_k, tokens = 512, 10, 7
     g = torch.Generator(device="cuda").manual_seed(3)
     # bf16 logits (as the router GEMM gives them) can tie: compare the picked values
     logits = (torch.randn(tokens, n_experts + 1, device="cuda", generator=g) * 2).to(torch.bfloat16)
-    ids, w, gate = triton_glue.topk_softmax(
+    ids, w, gate = glue.topk_softmax(
         logits, top_k, n_experts, weight_dtype=torch.bfloat16, append_shared=append
     )
     ref_ids, ref_w = torch_routing(logits.float(), top_k, n_experts)
@@ -63,37 +62,21 @@ def test_topk_softmax_bf16_logits_and_shared_gate(append: bool) -> None:
 
 
 def test_topk_softmax_refuses_what_does_not_fit() -> None:
-    from mtpconv.kernels import triton_glue
+    from benchmarks.kernels import glue
 
     logits = torch.zeros(2, 64, device="cuda")
     with pytest.raises(ValueError, match="64 experts, top 65"):
-        triton_glue.topk_softmax(logits, 65, 64, weight_dtype=torch.float32)
+        glue.topk_softmax(logits, 65, 64, weight_dtype=torch.float32)
     with pytest.raises(ValueError, match="for 32 experts"):
-        triton_glue.topk_softmax(logits, 4, 32, weight_dtype=torch.float32)
+        glue.topk_softmax(logits, 4, 32, weight_dtype=torch.float32)
     with pytest.raises(ValueError, match="append_shared needs the shared gate"):
-        triton_glue.topk_softmax(logits, 4, 64, weight_dtype=torch.float32, append_shared=True)
-
-
-@pytest.mark.parametrize(("tokens", "inter"), [(1, 1024), (4, 17408), (16, 512), (3, 1000)])
-def test_silu_mul_matches_torch(tokens: int, inter: int) -> None:
-    from mtpconv.kernels import triton_glue
-
-    g = torch.Generator(device="cuda").manual_seed(inter)
-    x = (torch.randn(tokens, 2 * inter, device="cuda", generator=g) * 4).to(torch.bfloat16)
-    gate, up = x.float().chunk(2, dim=-1)
-    ref = F.silu(gate) * up
-    out = triton_glue.silu_mul(x)
-    assert out.dtype == torch.bfloat16 and out.shape == (tokens, inter)
-    # float32 arithmetic, one rounding to bfloat16 (within one ulp)
-    torch.testing.assert_close(out.float(), ref, rtol=2**-7, atol=1e-6)
-    with pytest.raises(ValueError, match="not \\[T, 2I\\]"):
-        triton_glue.silu_mul(x[:, :-1])
+        glue.topk_softmax(logits, 4, 64, weight_dtype=torch.float32, append_shared=True)
 
 
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize(("tokens", "top_k", "hidden"), [(1, 10, 4096), (4, 11, 2048), (16, 8, 1000)])
 def test_combine_matches_torch(tokens: int, top_k: int, hidden: int, shared: bool) -> None:
-    from mtpconv.kernels import triton_glue
+    from benchmarks.kernels import glue
 
     g = torch.Generator(device="cuda").manual_seed(tokens + top_k)
 
@@ -107,24 +90,25 @@ def test_combine_matches_torch(tokens: int, top_k: int, hidden: int, shared: boo
         s, gate = r(tokens, hidden), torch.rand(tokens, 1, device="cuda", generator=g).to(torch.bfloat16)
         ref = ref + gate.float() * s.float()
         args = (s, gate)
-    out = triton_glue.combine(h, rows, *args)
+    out = glue.combine(h, rows, *args)
     assert out.dtype == h.dtype and out.shape == h.shape
     torch.testing.assert_close(out.float(), ref, rtol=2**-7, atol=1e-5)
 
 
 def test_combine_refuses_what_does_not_fit() -> None:
-    from mtpconv.kernels import triton_glue
+    from benchmarks.kernels import glue
 
     h = torch.zeros(2, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="do not fit"):
-        triton_glue.combine(h, torch.zeros(3, 64, device="cuda", dtype=torch.bfloat16))
+        glue.combine(h, torch.zeros(3, 64, device="cuda", dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="come together"):
-        triton_glue.combine(h, torch.zeros(4, 64, device="cuda", dtype=torch.bfloat16), h)
+        glue.combine(h, torch.zeros(4, 64, device="cuda", dtype=torch.bfloat16), h)
 
 
 def test_glue_in_a_cuda_graph() -> None:
     """Routing, SiLU * up and the sum captured once and replayed on new inputs."""
-    from mtpconv.kernels import triton_glue
+    from benchmarks.kernels import glue
+    from mtpconv.kernels.triton_glue import silu_mul
 
     n_experts, top_k, tokens, hidden = 512, 10, 4, 2048
     g = torch.Generator(device="cuda").manual_seed(7)
@@ -133,11 +117,11 @@ def test_glue_in_a_cuda_graph() -> None:
     h = torch.randn(tokens, hidden, device="cuda", generator=g).to(torch.bfloat16)
 
     def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        ids, w, gate = triton_glue.topk_softmax(logits, top_k, n_experts, weight_dtype=torch.float32)
+        ids, w, gate = glue.topk_softmax(logits, top_k, n_experts, weight_dtype=torch.float32)
         assert gate is not None
-        y = triton_glue.silu_mul(x)
+        y = silu_mul(x)
         rows = (y.float().repeat_interleave(top_k, 0) * w.reshape(-1, 1)).to(torch.bfloat16)
-        return ids, w, triton_glue.combine(h, rows, y, gate.to(torch.bfloat16))
+        return ids, w, glue.combine(h, rows, y, gate.to(torch.bfloat16))
 
     run()
     torch.cuda.synchronize()
@@ -165,7 +149,8 @@ def test_producers_quantize_as_quant_per_token(tokens: int, hidden: int) -> None
     the attention stand-in, a residual add, the MoE sum) is bit for bit what the producer's
     output quantized by ``quant_per_token`` would be, and the producer's own output is
     unchanged (rows of 1e-3 to 1e4)."""
-    from mtpconv.kernels import triton_glue, triton_quant, triton_quant_tensor
+    from benchmarks.kernels import glue, producers
+    from mtpconv.kernels import triton_quant, triton_quant_tensor
 
     g = torch.Generator(device="cuda").manual_seed(tokens * 7 + hidden)
     spread = torch.logspace(-3, 4, tokens, device="cuda")[:, None]
@@ -175,11 +160,11 @@ def test_producers_quantize_as_quant_per_token(tokens: int, hidden: int) -> None
         return (x * spread.repeat_interleave(per_token, 0)).to(torch.bfloat16)
 
     a, b = rows(), rows()
-    assert _same_fp8(triton_quant.quant_cat(a, b), triton_quant.quant_per_token(torch.cat((a, b), -1)))
-    total, q, s = triton_quant.add_quant(a, b)
+    assert _same_fp8(producers.quant_cat(a, b), triton_quant.quant_per_token(torch.cat((a, b), -1)))
+    total, q, s = producers.add_quant(a, b)
     assert torch.equal(total, a + b)
     assert _same_fp8((q, s), triton_quant.quant_per_token(a + b))
-    total, q, s = triton_quant_tensor.add_quant_tensor(a, b)  # one scale for the tensor
+    total, q, s = producers.add_quant_tensor(a, b)  # one scale for the tensor
     assert torch.equal(total, a + b) and s.dim() == 0
     assert _same_fp8((q, s), triton_quant_tensor.quant_per_tensor(a + b))
     wide = rows(width=3 * hidden)
@@ -192,23 +177,23 @@ def test_producers_quantize_as_quant_per_token(tokens: int, hidden: int) -> None
     experts = rows(per_token=4)
     gate = torch.rand(tokens, 1, device="cuda", generator=g).to(torch.bfloat16)
     for extra in ((), (b, gate)):
-        out, q, s = triton_glue.combine_quant(a, experts, *extra)
-        assert torch.equal(out, triton_glue.combine(a, experts, *extra))
+        out, q, s = glue.combine_quant(a, experts, *extra)
+        assert torch.equal(out, glue.combine(a, experts, *extra))
         assert _same_fp8((q, s), triton_quant.quant_per_token(out))
 
 
 def test_producers_refuse_what_does_not_fit() -> None:
-    from mtpconv.kernels import triton_quant, triton_quant_tensor
+    from benchmarks.kernels import producers
 
     a = torch.randn(4, 64, device="cuda").to(torch.bfloat16)
     with pytest.raises(ValueError, match="quant_cat"):
-        triton_quant.quant_cat(a, a[:3])
+        producers.quant_cat(a, a[:3])
     with pytest.raises(ValueError, match="add_quant"):
-        triton_quant.add_quant(a, a[:, :32])
+        producers.add_quant(a, a[:, :32])
     with pytest.raises(ValueError, match="add_quant"):
-        triton_quant.add_quant(a, a.half())
+        producers.add_quant(a, a.half())
     with pytest.raises(ValueError, match="add_quant_tensor"):
-        triton_quant_tensor.add_quant_tensor(a, a[:3])
+        producers.add_quant_tensor(a, a[:3])
     with pytest.raises(ValueError, match="one pass takes"):
         big = torch.zeros(4096 * 1024, device="cuda", dtype=torch.bfloat16)
-        triton_quant_tensor.add_quant_tensor(big, big)
+        producers.add_quant_tensor(big, big)

@@ -1,6 +1,6 @@
 """The grouped MoE kernel's configurations, FP8 and BF16 experts (CUDA).
 
-    PYTHONPATH=$PWD python3 scripts/sweep_moe.py --out OUTDIR --tokens 1,4,16
+    PYTHONPATH=$PWD python3 benchmarks/sweep_moe.py --out OUTDIR --tokens 1,4,16
 
 ``bench_draft.py --sweep`` tunes the FP8 experts over 12 configurations a mode and
 leaves the BF16 baseline's experts at 2+ tokens on ``triton_moe.default_config``'s
@@ -17,16 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_draft as bd  # noqa: E402
-
-from mtpconv.kernels import triton_moe  # noqa: E402
+from benchmarks.drafter_step import model, sweep
+from benchmarks.kernels import moe as triton_moe
 
 ID_SETS = 8
 
@@ -45,7 +42,7 @@ def configs(
     :func:`bench_draft.moe_one_token_configs`; at 2+ the precision's MMA mode over a wide
     tile space, or ``MODE_TILES`` in each of ``modes`` (``DOT_FP8``: FP8 experts only)."""
     if tokens == 1:
-        return bd.moe_one_token_configs(fp8, k)
+        return sweep.moe_one_token_configs(fp8, k)
     modes = [m for m in modes or [] if fp8 or m != triton_moe.DOT_FP8]
     if modes:
         return [(bn, bk, warps, stages, m) for m in modes for bn, bk, warps, stages in MODE_TILES]
@@ -88,7 +85,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tokens", default="4,16")
-    ap.add_argument("--models", default=",".join(k for k, s in bd.SHAPES.items() if s.experts))
+    ap.add_argument("--models", default=",".join(k for k, s in model.SHAPES.items() if s.experts))
     ap.add_argument("--precisions", default="fp8,bf16")
     ap.add_argument(
         "--modes",
@@ -115,11 +112,11 @@ def main() -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
     rows: list[dict[str, Any]] = []
     for key in args.models.split(","):
-        s = bd.SHAPES[key]
-        ex_gu = bd.Experts.make(s.experts, 2 * s.moe_intermediate, s.hidden, dev, gen)
-        ex_dn = bd.Experts.make(s.experts, s.hidden, s.moe_intermediate, dev, gen)
+        s = model.SHAPES[key]
+        ex_gu = model.Experts.make(s.experts, 2 * s.moe_intermediate, s.hidden, dev, gen)
+        ex_dn = model.Experts.make(s.experts, s.hidden, s.moe_intermediate, dev, gen)
         for t in [int(v) for v in args.tokens.split(",")]:
-            id_sets = bd.routing_sets(s, t, dev, gen, ID_SETS)
+            id_sets = model.routing_sets(s, t, dev, gen, ID_SETS)
             distinct = sum(int(i.unique().numel()) for i in id_sets) / ID_SETS
             h = torch.randn(t, s.hidden, device=dev, generator=gen).to(torch.bfloat16)
             y = torch.randn(t * s.top_k, 2 * s.moe_intermediate, device=dev, generator=gen).to(torch.bfloat16)
@@ -132,18 +129,18 @@ def main() -> None:
                     if args.split and not act and (t == 1 or not fp8):
                         continue  # nothing to prepare: a gate_up projection in BF16 or at one token
                     if args.split:
-                        fused_us = bd.time_grouped(x, ex, fp8, act, id_sets, [default], label)[0][0]
+                        fused_us = sweep.time_grouped(x, ex, fp8, act, id_sets, [default], label)[0][0]
                         if t == 1:  # SiLU * up alone: the FMA modes read the experts' own precision
-                            cfgs = bd.moe_one_token_configs(fp8, k)
+                            cfgs = sweep.moe_one_token_configs(fp8, k)
                             default = triton_moe.default_config(t, n, k, fp8)
                         else:
                             default = triton_moe.default_config(t, n, k, fp8, fp8_x=fp8)
                             cfgs = split_configs(args.deep)
                         cfgs = [default] + [c for c in cfgs if c != default]
-                        res = bd.time_grouped(x, ex, fp8, act, id_sets, cfgs, label + " split", split=True)
+                        res = sweep.time_grouped(x, ex, fp8, act, id_sets, cfgs, label + " split", split=True)
                     else:
                         cfgs = [default] + [c for c in configs(fp8, t, k, modes) if c != default]
-                        res = bd.time_grouped(x, ex, fp8, act, id_sets, cfgs, label)
+                        res = sweep.time_grouped(x, ex, fp8, act, id_sets, cfgs, label)
                     nbytes = distinct * n * k * (1 if fp8 else 2)
                     base = next((us for us, c in res if c == default), math.nan)  # nan: it failed
                     best_us, best = min(res, key=lambda r: r[0])

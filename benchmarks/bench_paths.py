@@ -1,15 +1,13 @@
-"""Which FP8 path is fastest for each dense drafter linear at 2-16 tokens (CUDA).
+"""Which FP8 linear kernel is fastest for each dense drafter linear at 2-16 tokens (CUDA).
 
-    PYTHONPATH=$PWD python3 scripts/bench_paths.py --tokens 2,4,8,16
+    python -m benchmarks.bench_paths --tokens 2,4,8,16
 
-For every dense FP8 linear of the benchmarked drafters (``bench_draft.dense_shapes``),
-times side by side in one run, as ``bench_draft.py --micro-only`` times one linear (a
-CUDA graph over weight copies rotated past L2): the tuned skinny GEMM (``wo_skinny``),
-``scaled_mm_fused`` with the one-pass per-tensor quantization and with the two-pass
-one it replaced (``fused_two_pass``), and ``scaled_mm_static`` (a calibrated scale: the
-bound for any dynamic scale); then each activation-quantization kernel alone.
-``--per-row``: distinct per-row weight scales, as vLLM's fused q/k/v and gate/up carry
-(no static path then). The source of ``mtpconv.kernels.linear.SCALED_MM_SHAPES``.
+For every dense FP8 linear of the benchmarked drafters (``model.dense_shapes``), times side
+by side in one run, as ``draft_step --micro-only`` times one linear (a CUDA graph over weight
+copies rotated past L2): the tuned skinny GEMM (``wo_skinny``), ``scaled_mm_fused`` with the
+one-pass per-tensor quantization and with the two-pass one (``fused_two_pass``); then each
+activation-quantization kernel alone. ``--per-row``: distinct per-row weight scales, as vLLM's
+fused q/k/v and gate/up carry. The source of the tuning table's ``scaled_mm_fused`` shapes.
 
 ``--prepared``: activations quantized per token before the linear (as a producer of the
 activation would), side by side with ``fp8_linear``'s own path on the BF16 activation:
@@ -23,41 +21,39 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_draft as bd  # noqa: E402
-
-from mtpconv.kernels import Fp8Path, run_path, triton_fp8, triton_quant, triton_quant_tensor  # noqa: E402
+from benchmarks.drafter_step import model, timing
+from benchmarks.kernels.prepared import prepared_linear
+from mtpconv.kernels import fp8_linear, kernel_named, triton_quant, triton_quant_tensor
+from mtpconv.kernels.linear import Fp8LinearKernel
 
 QuantFn = Callable[[torch.Tensor], Any]
-PATHS = ("wo_skinny", "scaled_mm_fused", "scaled_mm_static")
+PATHS = ("wo_skinny", "scaled_mm_fused")
 
 
 def time_linear(
-    path: Fp8Path, x: torch.Tensor, ws: list[bd.Linear], s_in: torch.Tensor, quant: QuantFn
+    path: type[Fp8LinearKernel], x: torch.Tensor, ws: list[model.Linear], quant: QuantFn
 ) -> float:
     """us per linear on ``path``; ``quant``: the per-tensor quantization the fused path calls."""
-    default = triton_fp8.quant_per_tensor
-    triton_fp8.quant_per_tensor = quant
+    default = triton_quant_tensor.quant_per_tensor
+    triton_quant_tensor.quant_per_tensor = quant
 
     def g() -> None:
         for w in ws:
-            run_path(path, x, w.fp8, w.scale, input_scale=s_in)
+            fp8_linear(x, w.fp8, w.scale, kernel=path)
 
     try:
-        return bd.time_graph(g, reps=1) / len(ws)
+        return timing.time_graph(g, reps=1) / len(ws)
     finally:
-        triton_fp8.quant_per_tensor = default
+        triton_quant_tensor.quant_per_tensor = default
 
 
 def time_quant(fn: QuantFn, x: torch.Tensor, reps: int = 20) -> float:
-    return bd.time_graph(lambda: [fn(x) for _ in range(reps)], reps=1) / reps
+    return timing.time_graph(lambda: [fn(x) for _ in range(reps)], reps=1) / reps
 
 
 def prepared_configs(sms: int, wide: bool = False, deep: bool = False, splits: bool = False) -> list[Any]:
@@ -107,12 +103,12 @@ def prepared(
     gen = torch.Generator(device=dev).manual_seed(0)
     cfgs = prepared_configs(triton_skinny.sm_count(dev.index or 0), wide, deep, splits)
     seen: set[tuple[int, int]] = set()
-    for s in (bd.SHAPES[m] for m in models):
-        for name, (n, k) in bd.dense_shapes(s).items():
+    for s in (model.SHAPES[m] for m in models):
+        for name, (n, k) in model.dense_shapes(s).items():
             if (n, k) not in seen and (not only or name in only.split(",")):
                 seen.add((n, k))
-                copies = max(2, math.ceil(bd.L2_SAFE_BYTES / (n * k)))
-                ws = [bd.Linear.make(n, k, dev, gen) for _ in range(copies)]
+                copies = max(2, math.ceil(model.L2_SAFE_BYTES / (n * k)))
+                ws = [model.Linear.make(n, k, dev, gen) for _ in range(copies)]
                 for t in tokens:
                     x = torch.randn(t, k, device=dev, generator=gen).to(torch.bfloat16)
                     line = prepared_line(x, ws, cfgs, show=8 if splits else 1)
@@ -121,7 +117,7 @@ def prepared(
                 torch.cuda.empty_cache()
 
 
-def prepared_line(x: torch.Tensor, ws: list[bd.Linear], cfgs: list[Any], show: int = 1) -> str:
+def prepared_line(x: torch.Tensor, ws: list[model.Linear], cfgs: list[Any], show: int = 1) -> str:
     """One linear on ``x`` over the weight copies ``ws``, each way of ``--prepared`` (the
     ``show`` fastest configurations)."""
     from mtpconv.kernels import fp8_linear, reference, triton_skinny
@@ -146,17 +142,17 @@ def prepared_line(x: torch.Tensor, ws: list[bd.Linear], cfgs: list[Any], show: i
 
     def tensorwise() -> None:  # cuBLAS on per-tensor rows, the step's qkv and gate_up until the 14th session
         for w in ws:
-            fp8_linear(qt, w.fp8, w.scale, x_scale=st, out_dtype=x.dtype)
+            prepared_linear(qt, w.fp8, w.scale, None, x_scale=st, out_dtype=x.dtype)
 
     label = f"{n}x{k} T={x.shape[0]}"
-    swept = sorted(bd.time_configs(cfgs, skinny, len(ws), label), key=lambda r: r[0])
+    swept = sorted(timing.time_configs(cfgs, skinny, len(ws), label), key=lambda r: r[0])
     best_us, best_cfg = swept[0] if swept else (math.nan, None)
     us = {
-        "auto": bd.time_graph(auto, reps=1) / len(ws),
-        "prepared_default": bd.time_graph(functools.partial(skinny, None), reps=1) / len(ws),
+        "auto": timing.time_graph(auto, reps=1) / len(ws),
+        "prepared_default": timing.time_graph(functools.partial(skinny, None), reps=1) / len(ws),
         "prepared_best": best_us,
-        "scaled_mm_rowwise": bd.time_graph(rowwise, reps=1) / len(ws),
-        "scaled_mm_tensor": bd.time_graph(tensorwise, reps=1) / len(ws),
+        "scaled_mm_rowwise": timing.time_graph(rowwise, reps=1) / len(ws),
+        "scaled_mm_tensor": timing.time_graph(tensorwise, reps=1) / len(ws),
     }
     quant = time_quant(triton_quant.quant_per_token, x)
     return (
@@ -177,37 +173,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deep", action="store_true", help="--prepared: sweep pipelines of 5-8 stages")
     ap.add_argument("--splits", action="store_true", help="--prepared: sweep K cut into 1, 2 or 4 pieces")
     ap.add_argument("--linears", default="", help="--prepared: only these linears (e.g. qkv,gate_up)")
-    ap.add_argument("--models", default=",".join(bd.SHAPES), help="--prepared: these models' linears")
+    ap.add_argument("--models", default=",".join(model.SHAPES), help="--prepared: these models' linears")
     args = ap.parse_args(argv)
     if args.prepared:
         tokens = [int(v) for v in args.tokens.split(",")]
         prepared(tokens, args.models.split(","), args.wide, args.deep, args.splits, args.linears)
         return 0
-    paths = [p for p in PATHS if not (args.per_row and p == "scaled_mm_static")]
+    paths = list(PATHS)
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    s_in = torch.tensor(4.0 / 448.0, device=dev)
-    one_pass = triton_fp8.quant_per_tensor
+    one_pass = triton_quant_tensor.quant_per_tensor
     two_pass = functools.partial(triton_quant_tensor.quant_per_tensor, one_pass=False)
     seen: set[tuple[int, int]] = set()
-    for s in bd.SHAPES.values():
-        for name, (n, k) in bd.dense_shapes(s).items():
+    for s in model.SHAPES.values():
+        for name, (n, k) in model.dense_shapes(s).items():
             if (n, k) in seen:
                 continue
             seen.add((n, k))
-            copies = max(2, math.ceil(bd.L2_SAFE_BYTES / (n * k)))
-            ws = [bd.Linear.make(n, k, dev, gen) for _ in range(copies)]
+            copies = max(2, math.ceil(model.L2_SAFE_BYTES / (n * k)))
+            ws = [model.Linear.make(n, k, dev, gen) for _ in range(copies)]
             if args.per_row:
                 for w in ws:
                     w.scale = w.scale * (1 + torch.rand(n, device=dev, generator=gen))
             for t in [int(v) for v in args.tokens.split(",")]:
                 x = torch.randn(t, k, device=dev, generator=gen).to(torch.bfloat16)
-                us = {p: time_linear(Fp8Path(p), x, ws, s_in, one_pass) for p in paths}
-                us["fused_two_pass"] = time_linear(Fp8Path.SCALED_MM_FUSED, x, ws, s_in, two_pass)
+                us = {p: time_linear(kernel_named(p), x, ws, one_pass) for p in paths}
+                us["fused_two_pass"] = time_linear(kernel_named("scaled_mm_fused"), x, ws, two_pass)
                 q = {
                     "one_pass": time_quant(one_pass, x),
                     "two_pass": time_quant(two_pass, x),
-                    "static": time_quant(lambda v: triton_quant_tensor.quant_static(v, s_in), x),
                 }
                 print(
                     f"{s.name} {name} {n}x{k} T={t}: "

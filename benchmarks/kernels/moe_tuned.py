@@ -1,64 +1,46 @@
 """The grouped MoE kernel's launch configurations, measured on the H200.
 
 :func:`default_config` gives ``(BLOCK_N, BLOCK_K, warps, stages, mode)`` for
-:func:`mtpconv.kernels.triton_moe.moe_grouped` (which re-exports it and the modes), from the
-sweeps of ``scripts/sweep_moe.py`` recorded in docs/BENCHMARKS.md (issue 12).
+:func:`benchmarks.kernels.moe.moe_grouped` (which re-exports it and the modes), from the
+sweeps of ``benchmarks/sweep_moe.py`` recorded in docs/BENCHMARKS.md (issue 12).
 """
 
 from __future__ import annotations
 
-import functools
-import os
+import contextlib
+from collections.abc import Iterator
 
 # the config's last field: how a weight tile meets the tokens (FMA_NARROW: FMA with the
 # kernel's NARROW loads and in-thread sums)
 FMA, DOT, DOT_FP8, FMA_NARROW = 0, 1, 2, 3
 
-# FP8 experts at one token: a configuration for a given K in place of the measured one, for
-# timing a candidate inside a whole drafter step (``bench_draft.py`` variant
-# ``auto+MOE_ONE_TOKEN_FP8=...``): ``K:BNxBKxWARPS[xSTAGESxMODE]`` entries separated by ``;``
-# (stages 3 and mode FMA_NARROW where left out)
-ONE_TOKEN_FP8_ENV = "MTPCONV_MOE_ONE_TOKEN_FP8"
+Config = tuple[int, int, int, int, int]  # (BLOCK_N, BLOCK_K, warps, stages, mode)
+
+# FP8 experts at one token: configurations for a given K in place of the measured ones, for
+# timing candidates inside a whole drafter step (:func:`one_token_fp8`)
+_ONE_TOKEN_FP8: dict[int, Config] = {}
 
 
-def one_token_fp8_override(k: int) -> tuple[int, int, int, int, int] | None:
-    """The configuration ``MTPCONV_MOE_ONE_TOKEN_FP8`` names for FP8 experts of inner size
-    ``k`` at one token, or None; a malformed value raises ``ValueError`` naming the setting.
-    Called on every one-token FP8 launch without a config: the value is parsed once."""
-    return _named_one_token_fp8(os.environ.get(ONE_TOKEN_FP8_ENV, "")).get(k)
-
-
-@functools.lru_cache(maxsize=8)
-def _named_one_token_fp8(value: str) -> dict[int, tuple[int, int, int, int, int]]:
-    """``{K: configuration}`` that a ``MTPCONV_MOE_ONE_TOKEN_FP8`` value names (the first entry
-    for a K wins)."""
-    named: dict[int, tuple[int, int, int, int, int]] = {}
-    for entry in filter(None, (e.strip() for e in value.split(";"))):
-        try:
-            key, _, fields = entry.partition(":")
-            entry_k = int(key)
-            parts = [int(f) for f in fields.split("x")]
-            if len(parts) not in (3, 5) or min(parts) < 0:
-                raise ValueError
-        except ValueError:
-            raise ValueError(
-                f"{ONE_TOKEN_FP8_ENV}: {entry!r} is not K:BNxBKxWARPS or K:BNxBKxWARPSxSTAGESxMODE"
-            ) from None
-        if len(parts) == 3:
-            parts += [3, FMA_NARROW]
-        bn, bk, warps, stages, mode = parts
-        named.setdefault(entry_k, (bn, bk, warps, stages, mode))
-    return named
+@contextlib.contextmanager
+def one_token_fp8(configs: dict[int, Config]) -> Iterator[None]:
+    """FP8 experts of inner size K at one token take ``configs[K]`` while the context is active."""
+    before = dict(_ONE_TOKEN_FP8)
+    _ONE_TOKEN_FP8.update(configs)
+    try:
+        yield
+    finally:
+        _ONE_TOKEN_FP8.clear()
+        _ONE_TOKEN_FP8.update(before)
 
 
 def default_config(
     tokens: int, n: int, k: int, fp8: bool, act: bool = False, fp8_x: bool = False
-) -> tuple[int, int, int, int, int]:
+) -> Config:
     """Best measured ``(BLOCK_N, BLOCK_K, warps, stages, mode)`` on the H200 for experts
     ``[E, n, k]`` (the measured rule depends on ``k``, the precision and what the kernel does
     to its input: SiLU * up with ``act``, nothing with FP8 activations, ``fp8_x``).
 
-    One token, from ``scripts/sweep_moe.py --tokens 1`` (docs/BENCHMARKS.md, eighth
+    One token, from ``sweep_moe.py --tokens 1`` (docs/BENCHMARKS.md, eighth
     session; 397B and Next-80B experts, both projections and precisions): the narrow-load
     FMA with 8-row tiles, 512-wide K steps and 2 warps was the best of 24 configurations
     in all four FP8 cases (by 6-23% over the previous choice) and on the BF16 down
@@ -73,7 +55,7 @@ def default_config(
     split the rows more than K (13.7 us against 14.4); Next-80B's were not swept then.
     Experts with K < 512 (not swept) take the FMA.
 
-    2+ tokens, from ``scripts/sweep_moe.py --tokens 4,16 --split`` (docs/BENCHMARKS.md, ninth
+    2+ tokens, from ``sweep_moe.py --tokens 4,16 --split`` (docs/BENCHMARKS.md, ninth
     session): the MMA with 64 x 128 tiles, 4 warps and 3 stages on inputs that need nothing
     more (FP8 activations quantized per token beforehand, BF16 ones without SiLU *
     up), within 1.1% of the best of 32 tiles in all eight FP8 and four BF16 cases; BF16
@@ -85,7 +67,7 @@ def default_config(
     269.1 at 16, the best of ``sweep_moe.py --tokens 4,16 --split --deep`` (5-8 stages;
     fourteenth session), where the down projections (K = 1024) gained nothing."""
     if tokens == 1 and not fp8_x:
-        override = one_token_fp8_override(k) if fp8 else None
+        override = _ONE_TOKEN_FP8.get(k) if fp8 else None
         if override is not None:
             return override
         if k < 512:

@@ -1,7 +1,7 @@
 """Routed experts as one GEMV per (token, expert) pair (Triton, CUDA only; imported lazily).
 
 ``wo_moe`` re-reads an expert for every token routed to it: the measured baseline of
-the grouped kernel (:mod:`mtpconv.kernels.triton_moe`), which falls back to it beyond
+the grouped kernel (:mod:`benchmarks.kernels.moe`), which falls back to it beyond
 the tokens one of its tiles takes.
 """
 

@@ -1,11 +1,15 @@
-"""Triton kernels for routed experts (CUDA only; imported lazily).
+"""Triton kernels for routed experts in the benchmark's drafter step (CUDA only; imported lazily).
+
+The plugin hands routed experts to vLLM's own ``Fp8MoEMethod``; these are the step's, the
+same for both precisions.
+
 
 * ``moe_grouped``: one program per (output tile, hit expert) reads that
   expert's weight tile ONCE for all the tokens routed to it (up to 64 tokens
   per expert with ``tl.dot``); no sort and no host sync: at 2+ tokens each program
   finds whether it is its expert's first (token, expert) pair among all pairs and
   gathers the expert's tokens itself; at one token each pair serves itself
-  (``MTPCONV_MOE_PAIR_CHECKS=1``: as at 2+ tokens). Optionally fuses SiLU(gate) * up into
+  (``pair_checks``: as at 2+ tokens). Optionally fuses SiLU(gate) * up into
   the load of the down projection's input and the routing weight into the
   epilogue, or SiLU(gate) * up into the gate/up projection's epilogue (``glu``).
   Weights ``[E, N, K]``: FP8 with one scale per expert, or BF16. FP8 experts also
@@ -17,7 +21,7 @@
   ``split`` (the layer's default at 2+ tokens) a small launch of its own prepares each
   projection's input first (per-token FP8 quantization, SiLU * up); at one token the
   gate/up projection writes SiLU * up (``glu``).
-* ``wo_moe`` (:mod:`mtpconv.kernels.triton_moe_pairs`): one GEMV per (token, expert)
+* ``wo_moe`` (:mod:`benchmarks.kernels.moe_pairs`): one GEMV per (token, expert)
   pair, the measured baseline; ``moe_grouped`` falls back to it beyond
   ``GROUPED_MAX_TOKENS`` tokens.
 """
@@ -27,19 +31,18 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from benchmarks.kernels.moe_pairs import wo_moe
+from benchmarks.kernels.moe_tuned import DOT as DOT
+from benchmarks.kernels.moe_tuned import DOT_FP8 as DOT_FP8
+from benchmarks.kernels.moe_tuned import FMA as FMA
+from benchmarks.kernels.moe_tuned import FMA_NARROW as FMA_NARROW
+from benchmarks.kernels.moe_tuned import default_config as default_config
 from mtpconv.kernels import pdl as pdl_setting
-from mtpconv.kernels.moe_tuned import DOT as DOT
-from mtpconv.kernels.moe_tuned import DOT_FP8 as DOT_FP8
-from mtpconv.kernels.moe_tuned import FMA as FMA
-from mtpconv.kernels.moe_tuned import FMA_NARROW as FMA_NARROW
-from mtpconv.kernels.moe_tuned import default_config as default_config
-from mtpconv.kernels.triton_moe_pairs import wo_moe
+from mtpconv.kernels.triton_quant import FP8_MAX
 from mtpconv.kernels.triton_tile import pdl_enter, pdl_leave
 
 
@@ -166,8 +169,8 @@ def _moe_grouped_kernel(
             if FP8_MMA:
                 xf = xt.to(tl.float32)
                 amax = tl.maximum(tl.max(tl.abs(xf), axis=0), 1e-30)
-                q = (xf * (448.0 / amax)[None, :]).to(tl.float8e4nv)
-                acc += tl.dot(w, q) * (amax / 448.0)[None, :]
+                q = (xf * (FP8_MAX / amax)[None, :]).to(tl.float8e4nv)
+                acc += tl.dot(w, q) * (amax / FP8_MAX)[None, :]
             elif DOT:
                 acc = tl.dot(w.to(xt.dtype), xt, acc)
             elif not NARROW:
@@ -195,8 +198,6 @@ def _moe_grouped_kernel(
 
 
 GROUPED_MAX_TOKENS = 64  # tokens per launch the grouped kernel takes (one tile of tl.dot)
-# "1": one-token launches check the other pairs too (the kernel until the eighteenth session)
-PAIR_CHECKS_ENV = "MTPCONV_MOE_PAIR_CHECKS"
 
 
 def moe_grouped(
@@ -212,6 +213,7 @@ def moe_grouped(
     x_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     glu: bool = False,
+    pair_checks: bool = False,
 ) -> torch.Tensor:
     """Routed experts, each hit expert read once: output ``[T*topk, N]`` (row = pair).
 
@@ -228,7 +230,9 @@ def moe_grouped(
     MMA takes FP8 weights and activations as they are and accumulates in place. The output
     is ``out_dtype``, by default x's dtype (BF16 for FP8 activations). ``glu``: the experts
     are ``[gate; up]`` (``N = 2I``) and the output is ``SiLU(gate) * up``, ``[T*topk, I]``,
-    from the float32 sums, rounded once (no ``act`` or ``route_w`` with it).
+    from the float32 sums, rounded once (no ``act`` or ``route_w`` with it). ``pair_checks``:
+    a one-token launch checks the other pairs too, as 2+ tokens do (the kernel until the
+    eighteenth session), where by default each pair serves itself.
     """
     ids = topk_ids.reshape(-1)
     t, topk = topk_ids.shape
@@ -301,7 +305,7 @@ def moe_grouped(
         NARROW=mode == FMA_NARROW and not dot,
         X_SCALE=fp8_x,
         GLU=glu,
-        ONE_TOKEN=t == 1 and os.environ.get(PAIR_CHECKS_ENV) != "1",
+        ONE_TOKEN=t == 1 and not pair_checks,
         num_warps=warps,
         num_stages=stages,
         **pdl_setting.launch(x.device),
@@ -329,9 +333,9 @@ def moe_projection(
     prepare without ``act``). Without it the grouped kernel applies SiLU * up itself and
     FP8 experts quantize each token's K tile in registers."""
     if split and w.dtype == torch.float8_e4m3fn and topk_ids.shape[0] > 1:
-        from mtpconv.kernels.triton_quant import quant_per_token
+        from benchmarks.kernels.producers import quant_act, quant_per_token
 
-        q, s = quant_per_token(x, act=act)
+        q, s = quant_act(x) if act else quant_per_token(x)
         return moe_grouped(
             q, w, w_scale, topk_ids, x_per_pair=x_per_pair, route_w=route_w, config=config,
             x_scale=s, out_dtype=x.dtype,
@@ -365,7 +369,7 @@ def routed_experts(
     the gate/up projection writes SiLU(gate) * up itself (``moe_grouped(glu=True)``), so the
     down projection reads it as it is, where otherwise each of its programs recomputes it
     from gate and up.
-    Measured in the drafter step on the H200 (``bench_draft.py --variants
+    Measured in the drafter step on the H200 (``--variants
     bf16,bf16+noglu,auto,auto+noglu``, fifteenth session, two runs): 397B at one token
     236.8 / 237.2 us against 243.2 / 242.8 with BF16 experts, 132.1 / 132.4 against 133.6 /
     132.2 with FP8 ones; Next-80B within 0.6 us either way.
