@@ -20,7 +20,7 @@ from huggingface_hub.repocard import metadata_load
 from mtpconv import __version__
 from mtpconv.checkpoint.safetensors_io import TensorInfo, read_header
 from mtpconv.errors import ManifestError
-from mtpconv.manifest import MANIFEST_NAME, Manifest
+from mtpconv.manifest import EVAL_REPORT_NAME, MANIFEST_NAME, Manifest
 from mtpconv.units import human_bytes
 
 CARD_NAME = "README.md"
@@ -120,6 +120,7 @@ def build_model_card(
         *_error_section(manifest),
         *_vocab_section(manifest),
         *_window_section(manifest),
+        *_eval_section(directory),
         "## Usage",
         "",
         "```bash",
@@ -324,6 +325,60 @@ def _engines_section(manifest: Manifest, repo_id: str, source_repo: str | None) 
         "```",
         "",
     ]
+
+
+def read_eval_report(directory: Path) -> dict[str, Any] | None:
+    """``mtpconv-eval.json`` of ``directory`` (written by ``mtpconv eval``), or None without one."""
+    path = directory / EVAL_REPORT_NAME
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        rows = doc["rows"]
+        if not isinstance(rows, list):
+            raise TypeError("rows is not a list")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ManifestError(
+            f"{path} is not a report of `mtpconv eval` ({exc}); run it again or remove the file."
+        ) from exc
+    return dict(doc)
+
+
+def _cell(value: Any, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _eval_section(directory: Path) -> list[str]:
+    """The measured rows of ``mtpconv eval``, with the vLLM version, GPU and command that made them."""
+    doc = read_eval_report(directory)
+    if doc is None:
+        return []
+    lines = [
+        "## Measured in vLLM",
+        "",
+        f"`{doc.get('command', 'mtpconv eval')}` with vLLM {doc.get('vllm_version', '?')} on "
+        f"{doc.get('device', '?')}: k = {doc.get('num_speculative_tokens', '?')}, greedy, "
+        f"{doc.get('max_tokens', '?')} tokens a prompt, prompts {doc.get('prompts', '?')}. Each row ran in "
+        "a fresh process; acceptance counts the tokens the requests received.",
+        "",
+        "| row | batch | same output as no speculation | accepted / drafted | mean accepted length "
+        "| decode tok/s | vs source MTP |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in doc["rows"]:
+        if row.get("error"):
+            lines.append(f"| {row['row']} | - | failed: {row['error']} | | | | |")
+            continue
+        for b in row.get("batches", []):
+            same = {True: "yes", False: "no", None: "-"}[b.get("identical_to_no_spec")]
+            drafted = f"{b['accepted']} / {b['draft_tokens']}" if b.get("draft_tokens") else "-"
+            speed = b.get("decode_tokens_per_second") or b.get("output_tokens_per_second")
+            lines.append(
+                f"| {row['row']} | {b['batch']} | {same} | {drafted} "
+                f"| {_cell(b.get('served_mean_acceptance_length'), 2)} | {_cell(speed, 1)} "
+                f"| {_cell(b.get('speedup_vs_source_mtp'), 2)} |"
+            )
+    return [*lines, ""]
 
 
 def _license_section(lic: LicenseInfo, source_repo: str | None) -> list[str]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.errors import ManifestError, PublishError
 from mtpconv.jsonio import read_json
-from mtpconv.manifest import MANIFEST_NAME, FileStamp, Manifest, read_manifest
+from mtpconv.manifest import EVAL_REPORT_NAME, MANIFEST_NAME, FileStamp, Manifest, read_manifest
 from mtpconv.model_card import CARD_NAME
 
 if TYPE_CHECKING:
@@ -132,7 +132,8 @@ def check_variant_structure(root: Path) -> Manifest:
 
     Complete means: ``mtpconv.json`` is valid, every file it lists exists, config.json,
     a safetensors file and every shard of the index are listed, and nothing else is in
-    the directory except an unlisted ``README.md`` (publish replaces or keeps the card)
+    the directory except an unlisted ``README.md`` (publish replaces or keeps the card), the
+    ``mtpconv-eval.json`` report of ``mtpconv eval`` (publish puts it on the card and uploads it)
     and the ``.git`` / ``.cache/huggingface`` folders huggingface_hub never uploads.
     The sha256s are checked by :func:`verify_variant_digests`.
     """
@@ -163,7 +164,7 @@ def check_variant_structure(root: Path) -> Manifest:
             f"{root} is incomplete: missing {names(missing)} (listed in "
             f"{MANIFEST_NAME}). Re-run `mtpconv quantize-mtp`."
         )
-    extra = sorted(set(_walk(root)) - set(files) - {MANIFEST_NAME, CARD_NAME})
+    extra = sorted(set(_walk(root)) - set(files) - {MANIFEST_NAME, CARD_NAME, EVAL_REPORT_NAME})
     if extra:
         raise PublishError(
             f"{root} holds files not listed in {MANIFEST_NAME}: {names(extra)}. Remove them; "

@@ -335,7 +335,7 @@ def render_eval(r: EvalReport) -> None:
         "batch",
         "same as no-spec",
         "accepted / drafted",
-        "mean accepted length (served)",
+        "mean accepted length: served (counters)",
         "decode tok/s",
         "vs source-mtp",
         "vs no-spec",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mtpconv import __version__
 from mtpconv.errors import PublishError, hub_errors
-from mtpconv.manifest import MANIFEST_NAME, Manifest
+from mtpconv.manifest import EVAL_REPORT_NAME, MANIFEST_NAME, Manifest
 from mtpconv.model_card import CARD_NAME, build_model_card
 from mtpconv.units import human_bytes
 from mtpconv.variant_check import check_variant_structure, verify_variant_digests
@@ -166,6 +166,8 @@ def plan_publish(
         notify(f"{root} has no {CARD_NAME} to keep; generating the model card.")
     card = None if kept else build_model_card(root, manifest, target, base_model=base_model)
     listed = sorted([*manifest.variant_files, MANIFEST_NAME])
+    if (root / EVAL_REPORT_NAME).is_file():  # on the card too (model_card._eval_section)
+        listed.append(EVAL_REPORT_NAME)
     items = [
         UploadItem(rel, (root / rel).stat().st_size, root / rel, digests.get(rel))
         for rel in listed

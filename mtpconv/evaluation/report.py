@@ -46,12 +46,6 @@ class BatchFigures:
     def served_mean_length(self) -> float | None:
         return (self.generated - self.requests) / self.drafts if self.drafts else None
 
-    @property
-    def served_acceptance(self) -> float | None:
-        if not self.draft_tokens:
-            return None
-        return (self.generated - self.requests - self.drafts) / self.draft_tokens
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "batch": self.batch,
@@ -64,7 +58,6 @@ class BatchFigures:
             "accepted": self.accepted,
             "counter_acceptance": self.counter_acceptance,
             "counter_mean_acceptance_length": self.counter_mean_length,
-            "served_acceptance": self.served_acceptance,
             "served_mean_acceptance_length": self.served_mean_length,
             "decode_tokens_per_second": self.decode_tokens_per_second,
             "output_tokens_per_second": self.output_tokens_per_second,

@@ -3,7 +3,8 @@
 Reads the :class:`~mtpconv.evaluation.rows.RowJob` in ``JOB`` (JSON), builds vLLM's
 ``LLM`` with the user's engine arguments (vLLM's defaults otherwise: torch.compile and
 CUDA graphs on a GPU), generates greedily once to warm up, then for each batch size
-sends the prompts in groups of that size and records the token ids, vLLM's
+sends the prompts (cycled to at least :data:`MIN_GROUPS` full groups) in groups of that size
+and records the token ids, vLLM's
 spec-decode counters over exactly those requests, and the decode time (engine
 timestamps of each request's first and last token). Writes everything to ``OUT``
 (JSON) and exits; the parent compares rows.
@@ -26,6 +27,9 @@ COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens",
 }
 WARMUP_TOKENS = 8
+# Each batch size sends at least this many full groups, so a large batch is timed over more than
+# one short generate call.
+MIN_GROUPS = 4
 
 
 def _counters(llm: Any) -> dict[str, int]:
@@ -84,7 +88,7 @@ def run_job(job: RowJob) -> dict[str, Any]:
     )
     batches = []
     for batch in job.batches:
-        n = max(len(prompts), batch)
+        n = max(len(prompts), batch * MIN_GROUPS)
         n += -n % batch
         requests = [prompts[i % len(prompts)] for i in range(n)]
         before = _counters(llm)

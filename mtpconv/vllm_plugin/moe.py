@@ -53,8 +53,6 @@ def fp8_experts_method(layer: Any, prefix: str, block: bool = False) -> Quantize
     return Fp8ExpertsLoopMethod(layer.moe_config, block=block)
 
 
-
-
 def _blocks(n: int) -> int:
     return -(-n // BLOCK)
 

@@ -32,7 +32,9 @@ def test_the_document_names_the_drafter_step_and_its_sweep() -> None:
 def test_every_benchmark_command_answers_help(program: tuple[str, ...]) -> None:
     if len(program) == 1:
         assert (ROOT / program[0]).is_file(), program
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    )
     done = subprocess.run(
         [sys.executable, *program, "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )

@@ -20,7 +20,9 @@ from mtpconv.kernels import pdl, triton_available, tuning
 
 def test_variant_modifiers() -> None:
     assert variants.variant_parts("auto") == variants.Variant(path="auto")
-    assert variants.variant_parts("bf16+shared") == variants.variant_parts("bf16")  # the default: in the grouped launches
+    assert variants.variant_parts("bf16+shared") == variants.variant_parts(
+        "bf16"
+    )  # the default: in the grouped launches
     assert not variants.variant_parts("bf16+noshared").shared
     parts = variants.variant_parts("auto+late+side+noprep")  # +side: the shared expert's own launches
     assert parts.env == {pdl.ENV: "late"} and parts.side and parts.noprep and not parts.shared
@@ -38,7 +40,11 @@ def test_variant_modifiers() -> None:
     assert variants.variant_parts("auto+ownroute").own_route and not variants.variant_parts("bf16").own_route
     assert variants.variant_parts("auto+late+FUSED_MLP=0").env == {pdl.ENV: "late", "MTPCONV_FUSED_MLP": "0"}
     assert variants.mlp_fn("auto") is not None
-    assert variants.mlp_fn("auto+nomlp") is None and variants.mlp_fn("bf16") is None and variants.mlp_fn("wo_skinny") is None
+    assert (
+        variants.mlp_fn("auto+nomlp") is None
+        and variants.mlp_fn("bf16") is None
+        and variants.mlp_fn("wo_skinny") is None
+    )
 
 
 @pytest.mark.parametrize("variant", ["auto+shared+side", "bf16+sideways", "no_such_path"])
@@ -247,10 +253,16 @@ def test_candidate_launches_are_a_variant_s_python_settings() -> None:
     table = tuning.for_device()
     with variants.variant_settings(name):
         inside = tuning.for_device()
-        assert inside.skinny[(1, 4096, 8192)].first_ahead == 1 and inside.skinny[(4, 4096, 8192)] == table.skinny[(4, 4096, 8192)]
+        assert (
+            inside.skinny[(1, 4096, 8192)].first_ahead == 1
+            and inside.skinny[(4, 4096, 8192)] == table.skinny[(4, 4096, 8192)]
+        )
         assert moe_tuned.default_config(1, 4096, 1024, fp8=True) == (32, 128, 2, 3, moe_tuned.FMA_NARROW)
     assert tuning.for_device() is table
     assert moe_tuned.default_config(1, 4096, 1024, fp8=True) == (64, 128, 4, 3, moe_tuned.FMA_NARROW)
-    for bad, message in (("auto+gemv1=4096x8192:2x1024", r"\+gemv1: '4096x8192:2x1024'"), ("auto+moe1=down:1x2x3", r"\+moe1")):
+    for bad, message in (
+        ("auto+gemv1=4096x8192:2x1024", r"\+gemv1: '4096x8192:2x1024'"),
+        ("auto+moe1=down:1x2x3", r"\+moe1"),
+    ):
         with pytest.raises(ValueError, match=message):
             variants.variant_parts(bad)

@@ -68,7 +68,6 @@ def test_fp8_rows_with_one_scale_for_the_tensor_on_cpu() -> None:
     assert y.dtype == torch.float16 and _rel(y, ref) < 1e-2
 
 
-
 def test_grouped_moe_one_token_rule() -> None:
     """The grouped MoE kernel's measured one-token configurations (triton_moe.default_config)."""
     pytest.importorskip("triton")

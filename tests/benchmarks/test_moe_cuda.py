@@ -66,9 +66,7 @@ def test_grouped_moe_matches_reference(tokens: int, fp8: bool) -> None:
 
 @pytest.mark.parametrize("fp8", [True, False])
 @pytest.mark.parametrize("k", [256, 200, 1024])
-def test_grouped_moe_one_token_fma_modes_match_reference(
-    fp8: bool, k: int
-) -> None:
+def test_grouped_moe_one_token_fma_modes_match_reference(fp8: bool, k: int) -> None:
     """One token: the FMA mode and the narrow-load FMA mode are weight-only (rel. L2 < 1e-2),
     for a K that is and one that is not a multiple of the tile, and for tiles wider than K;
     also with SiLU(gate) * up out of the epilogue (``glu``, N / 2 columns not a multiple of
@@ -110,7 +108,9 @@ def test_grouped_moe_one_token_fma_modes_match_reference(
                 triton_moe.moe_grouped(
                     xp, w, sc, ids, x_per_pair=True, act=True, route_w=rw, config=cfg, pair_checks=checks
                 ),
-                triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, glu=True, config=cfg, pair_checks=checks),
+                triton_moe.moe_grouped(
+                    x, w, sc, ids, x_per_pair=False, glu=True, config=cfg, pair_checks=checks
+                ),
             ]
 
         outs = run()

@@ -17,7 +17,19 @@ def test_token_buckets() -> None:
 
 def test_every_tuned_entry_is_a_launchable_configuration() -> None:
     assert TUNED
-    for (tokens, n, k), (dot, block_n, block_k, warps, stages, waves, mma, tma, narrow, split, first) in TUNED.items():
+    for (tokens, n, k), (
+        dot,
+        block_n,
+        block_k,
+        warps,
+        stages,
+        waves,
+        mma,
+        tma,
+        narrow,
+        split,
+        first,
+    ) in TUNED.items():
         assert tokens in (1, 4, 16) and n > 0 and k > 0
         assert dot == (tokens > 1) or narrow, "FMA at one token (and the narrow GEMV to 4); the MMA above"
         assert tokens <= 4 or not narrow, "the narrow GEMV takes 1-4 tokens"
@@ -91,7 +103,11 @@ def test_prepared_launches_keep_k_whole_and_tabled_entries_keep_their_fields() -
     assert ts.prepared_config(4, 777, 333, sms).split == 1  # the rule
     for (tokens, n, k), entry in TUNED.items():
         cfg = ts.default_config(tokens, n, k, sms)
-        assert (cfg.split, cfg.first_ahead, cfg.programs) == (entry.split, entry.first_ahead, entry.waves * sms)
+        assert (cfg.split, cfg.first_ahead, cfg.programs) == (
+            entry.split,
+            entry.first_ahead,
+            entry.waves * sms,
+        )
     assert TUNED[(1, 5120, 17408)].split == 1 and TUNED[(1, 5120, 6144)].first_ahead == 1
     assert sum(e.split for e in TUNED.values()) == 1 and sum(e.first_ahead for e in TUNED.values()) == 1
 
