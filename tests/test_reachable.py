@@ -1,7 +1,8 @@
 """Every module of the package is reached from what the product runs: the CLI (``mtpconv.cli``,
 ``mtpconv.__main__``) and the vLLM plugin (``mtpconv.vllm_plugin``). The walk is static: every
 ``import`` statement of a reached module counts, lazy ones inside functions included, and so do
-``"package.module:attr"`` strings (how the plugin names its drafter classes to vLLM)."""
+``"package.module:attr"`` strings (how the plugin names its drafter classes to vLLM) and strings that
+are exactly a module's name (``python -m mtpconv.evaluation.worker``: how eval starts a row)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def _imports(name: str, path: Path) -> set[str]:
             found |= {f"{module}.{alias.name}" for alias in node.names}  # a submodule, where it is one
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             found |= set(re.findall(r"\b(mtpconv(?:\.\w+)+):\w+", node.value))
+            if re.fullmatch(r"mtpconv(?:\.\w+)+", node.value):
+                found.add(node.value)
     return {m for m in found if m.startswith("mtpconv")}
 
 
