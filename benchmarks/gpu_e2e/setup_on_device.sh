@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the device machine, from the project root: assemble the bundle parts copied to /tmp/vb
-# (benchmarks/gpu_e2e/make_bundle.sh) into /tmp/vsite: vLLM, its light dependencies and mtpconv's
+# (python -m benchmarks.gpu_e2e.bundle) into /tmp/vsite: vLLM, its light dependencies and mtpconv's
 # wheel (whose entry point registers the plugin). Idempotent: a second call on a warm machine
 # only checks. Then: export PYTHONPATH=$PWD:/tmp/vsite (the project's working tree first, so the
 # code under test is this checkout's; VLLM_PLUGINS without mtpconv switches the plugin off).

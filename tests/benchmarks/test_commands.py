@@ -17,7 +17,7 @@ DOC = ROOT / "docs" / "BENCHMARKS.md"
 def programs() -> list[tuple[str, ...]]:
     """The programs the document's commands run: ``("-m", module)`` or ``(script,)``."""
     text = DOC.read_text(encoding="utf-8")
-    found = {("-m", m) for m in re.findall(r"python -m (benchmarks\.\w+)", text)}
+    found = {("-m", m) for m in re.findall(r"python -m (benchmarks(?:\.\w+)+)", text)}
     found |= {(s,) for s in re.findall(r"python (scripts/\w+\.py)", text)}
     return sorted(found)
 
