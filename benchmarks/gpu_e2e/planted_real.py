@@ -37,7 +37,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-EOS = "<|endoftext|>"
+from mtpconv.testing.planted import EOS, write_tokenizer_config
+from mtpconv.testing.planted_mimo import CONFIGURATION_MIMO
+
 NVFP4_GLOBAL_SCALE = 0.004  # weight_scale_2: E2M1 values (|x| <= 6) times unit block scales stay small
 
 
@@ -320,18 +322,6 @@ def _quant_configs() -> tuple[dict[str, object], dict[str, object]]:
     return hf, qc
 
 
-CONFIGURATION_MIMO = """from transformers.models.qwen2.configuration_qwen2 import Qwen2Config
-
-
-class MiMoConfig(Qwen2Config):
-    model_type = "mimo"
-
-    def __init__(self, *args, num_nextn_predict_layers=0, **kwargs):
-        self.num_nextn_predict_layers = num_nextn_predict_layers
-        super().__init__(*args, **kwargs)
-"""
-
-
 def write_tokenizer(directory: Path, vocab: int) -> None:
     """Byte-level BPE without merges: ids 0-255 the bytes, then fillers, the last id EOS."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -347,18 +337,7 @@ def write_tokenizer(directory: Path, vocab: int) -> None:
     if tok.get_vocab_size() != vocab:
         raise SystemExit(f"tokenizer has {tok.get_vocab_size()} ids, wanted {vocab}")
     tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "eos_token": EOS,
-                "pad_token": EOS,
-                "model_max_length": 32768,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    write_tokenizer_config(directory, 32768)
 
 
 def build(

