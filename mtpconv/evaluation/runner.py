@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -23,8 +24,6 @@ from typing import Any
 
 from mtpconv.errors import Interrupted
 from mtpconv.evaluation.rows import PLUGIN_NAME, Row, RowJob
-
-LOG_TAIL_LINES = 12
 
 
 @dataclass
@@ -62,13 +61,18 @@ def row_environment(row: Row, base: dict[str, str]) -> dict[str, str]:
     return env
 
 
+_RAISED = re.compile(r"\b(\w+(?:Error|Exception)): (.+)$")
+# What vLLM's front end raises after its engine process failed: the cause is logged before it.
+_SUMMARIES = ("Engine core initialization failed",)
+
+
 def _error_from_log(log: Path, code: int) -> str:
-    lines = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-    # vLLM reports a failed start-up from its engine process, then re-raises in ours: the
-    # first line naming an error is the cause; the last is the summary.
-    errors = [ln.strip() for ln in lines if "Error" in ln or "error" in ln]
-    detail = errors[-1] if errors else (lines[-1].strip() if lines else "no output")
-    return f"exit {code}: {detail}"
+    """The row's cause of failure from its log: the last exception that is not vLLM's summary."""
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    raised = [m.group(0) for m in (_RAISED.search(ln) for ln in lines) if m]
+    causes = [r for r in raised if not any(s in r for s in _SUMMARIES)] or raised
+    tail = [ln.strip() for ln in lines if ln.strip()]
+    return f"exit {code}: {causes[-1] if causes else (tail[-1] if tail else 'no output')}"
 
 
 def run_row(job: RowJob, workdir: Path, env: dict[str, str]) -> RowOutcome:

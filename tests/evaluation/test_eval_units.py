@@ -239,3 +239,22 @@ def test_a_broken_saved_report_is_named(pair: tuple[Path, Path], tmp_path: Path)
     (var / EVAL_REPORT_NAME).write_text("{not json")
     with pytest.raises(ManifestError, match="mtpconv-eval.json is not a report of `mtpconv eval`"):
         plan_publish(var, repo_id="me/var", offline=True)
+
+
+def test_a_failed_row_names_the_cause_not_vllms_summary(tmp_path: Path) -> None:
+    from mtpconv.evaluation.runner import _error_from_log
+
+    log = tmp_path / "variant-stock.log"
+    log.write_text(
+        "(EngineCore pid=1) ERROR [core.py:1330] EngineCore failed to start.\n"
+        "(EngineCore pid=1) ERROR [core.py:1330] ValueError: There is no module or parameter named "
+        "'fc.weight_scale' in Qwen3NextMultiTokenPredictor.\n"
+        "Traceback (most recent call last):\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    )
+    assert _error_from_log(log, 1) == (
+        "exit 1: ValueError: There is no module or parameter named 'fc.weight_scale' in "
+        "Qwen3NextMultiTokenPredictor."
+    )
+    (tmp_path / "quiet.log").write_text("killed\n")
+    assert _error_from_log(tmp_path / "quiet.log", -9) == "exit -9: killed"
