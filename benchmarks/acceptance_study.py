@@ -26,7 +26,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from mtpconv.testing.vllm_stub import use_in_this_environment
+from fixtures.vllm_stub import use_in_this_environment
 
 FRACTIONS = (0.125, 0.25, 0.5)
 BUILD_PROMPTS, SERVED_PROMPTS, MAX_TOKENS = 256, 64, 48
@@ -36,7 +36,7 @@ def _prefixes(n: int, seed: int) -> list[str]:
     """The first 3-6 words of ``n`` held-out grammar documents."""
     import random
 
-    from mtpconv.testing.trained import grammar_text
+    from fixtures.trained import grammar_text
 
     rng = random.Random(seed)
     return [" ".join(t.split()[: rng.randint(3, 6)]) for t in grammar_text(n, seed=seed)]
@@ -52,7 +52,7 @@ def _serve(path: Path, prompts: list[list[int]], k: int | None) -> tuple[list[li
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from mtpconv.testing.vllm_run import serve
+    from fixtures.vllm_run import serve
 
     extra = {"num_speculative_tokens": k} if k else None
     with serve(path, spec=k is not None, spec_extra=extra) as llm:
@@ -82,10 +82,10 @@ def main(argv: list[str] | None = None) -> None:
     use_in_this_environment()
     from tokenizers import Tokenizer
 
+    from fixtures.trained import grammar_text
+    from fixtures.vllm_run import CPU_ENGINE, quantize_mtp
     from mtpconv.commands.build_draft_vocab import build_draft_vocab
     from mtpconv.draft_vocab.generate import SamplingSettings
-    from mtpconv.testing.trained import grammar_text
-    from mtpconv.testing.vllm_run import CPU_ENGINE, quantize_mtp
 
     work = a.workdir or Path(tempfile.mkdtemp(prefix="mtpconv-study-"))
     work.mkdir(parents=True, exist_ok=True)

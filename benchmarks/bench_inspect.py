@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
+from fixtures.checkpoints import Spec, write_checkpoint
 
 
 def _timed(cmd: list[str]) -> tuple[float, float]:

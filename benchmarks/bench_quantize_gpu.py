@@ -68,7 +68,7 @@ def _digests(directory: Path) -> dict[str, str]:
 
 def time_cli(drafter_quant: str, workdir: Path) -> list[dict[str, Any]]:
     """Whole ``mtpconv quantize-mtp`` on a synthetic checkpoint, --device cpu vs cuda."""
-    from mtpconv.testing.checkpoints import Spec, write_checkpoint
+    from fixtures.checkpoints import Spec, write_checkpoint
 
     src = workdir / f"src-{drafter_quant}"
     spec = Spec(

@@ -3,7 +3,7 @@
     python scripts/bench_vocab_count.py [--source CKPT_DIR] [--corpus FILE.jsonl] [--mb 76] [--repeat 5]
 
 Without --source, trains a byte-level BPE tokenizer on text from
-:func:`mtpconv.testing.tokenizers.generate_text` and writes a minimal checkpoint
+:func:`fixtures.tokenizers.generate_text` and writes a minimal checkpoint
 directory (tokenizer.json, tokenizer_config.json, config.json). Without --corpus,
 writes a JSON Lines corpus of about --mb MiB of the same kind of text (each
 record: 20 generated lines, some with a special token written literally).
@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mtpconv.testing.tokenizers import DEFAULT_SPECIAL_TOKENS, generate_text, write_tiny_tokenizer
+from fixtures.tokenizers import DEFAULT_SPECIAL_TOKENS, generate_text, write_tiny_tokenizer
 
 RAW = """
 import json, sys

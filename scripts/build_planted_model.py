@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""Write a tiny planted (or random) Qwen3.5-family checkpoint for vLLM (see mtpconv.testing.planted)."""
+"""Write a tiny planted (or random) Qwen3.5-family checkpoint for vLLM (see fixtures.planted)."""
 
 from __future__ import annotations
 
 import argparse
 
-from mtpconv.testing.planted import build_model
+from fixtures.planted import build_model
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,7 +20,7 @@ following llm-compressor's own examples would:
 
 ``check`` (the project's venv, vLLM installed) runs on each export what the tests run on the
 fixtures: inspect reports no error; the MoE export converts and vLLM's CompressedTensorsConfig
-and routed-experts loader read the variant (`mtpconv.testing.ct_oracle.problems` is empty); the
+and routed-experts loader read the variant (`fixtures.ct_oracle.problems` is empty); the
 NVFP4A16 drafter is refused by default and converts with ``fp8_from_4bit``.
 """
 
@@ -155,7 +155,7 @@ def make(out: Path) -> None:
         Qwen3_5TextConfig,
     )
 
-    from mtpconv.testing.tokenizers import write_tiny_tokenizer
+    from fixtures.tokenizers import write_tiny_tokenizer
 
     print(
         f"llmcompressor {llmcompressor.__version__}, transformers {transformers.__version__}", file=sys.stderr
@@ -198,11 +198,11 @@ def make(out: Path) -> None:
 def check(out: Path) -> int:
     import tempfile
 
+    from fixtures.ct_oracle import ask_vllm, oracle_case, problems
     from mtpconv.commands.inspect import inspect_checkpoint
     from mtpconv.commands.quantize_mtp import quantize_mtp
     from mtpconv.errors import ConversionError
     from mtpconv.findings import Severity
-    from mtpconv.testing.ct_oracle import ask_vllm, oracle_case, problems
 
     bad: list[str] = []
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
-from mtpconv.testing.tokenizers import write_tiny_tokenizer
+from fixtures.checkpoints import Spec, write_checkpoint
+from fixtures.tokenizers import write_tiny_tokenizer
 
 
 def main() -> None:

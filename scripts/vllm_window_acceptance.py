@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Draft acceptance with windowed vs full draft attention in real vLLM (CPU).
 
-Builds the planted model (mtpconv.testing.planted), optionally makes its drafter
+Builds the planted model (fixtures.planted), optionally makes its drafter
 lean on its attention (``--attn-gain G`` scales the drafter's ``o_proj``, see
-mtpconv.testing.attention_drafter), converts it once with ``mtpconv
+fixtures.attention_drafter), converts it once with ``mtpconv
 quantize-mtp`` (FP8 drafter; ``--draft-vocab`` adds the 384-id FP8 draft head),
 then for each window runs ``mtpconv set-draft-window`` on that variant (0 = full
 attention) and serves it with ``speculative_config={"method": "mtp",
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mtpconv.testing.vllm_stub import use_in_this_environment
+from fixtures.vllm_stub import use_in_this_environment
 
 HEAD_IDS = 384  # the draft head keeps ids 0..383
 
@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     if room < a.prompts:
         ap.error("--prompt-len + --max-tokens leave no room inside the 384-id draft head")
     use_in_this_environment()
+    from fixtures.attention_drafter import amplify_drafter_attention
+    from fixtures.planted import build_model
+    from fixtures.vllm_run import quantize_mtp, run, write_ids
     from mtpconv.commands.set_draft_window import set_draft_window
-    from mtpconv.testing.attention_drafter import amplify_drafter_attention
-    from mtpconv.testing.planted import build_model
-    from mtpconv.testing.vllm_run import quantize_mtp, run, write_ids
 
     work = a.workdir or Path(tempfile.mkdtemp(prefix="mtpconv-window-"))
     src = build_model(work / "planted", drafter_noise=a.drafter_noise)

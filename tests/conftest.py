@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
+from fixtures.checkpoints import Spec, write_checkpoint
 
 
 @pytest.fixture(autouse=True)

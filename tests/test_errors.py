@@ -145,8 +145,8 @@ def real_variant(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import compileall
 
     import mtpconv
+    from fixtures.checkpoints import Spec, write_checkpoint
     from mtpconv.commands.quantize_mtp import quantize_mtp
-    from mtpconv.testing.checkpoints import Spec, write_checkpoint
 
     compileall.compile_dir(Path(mtpconv.__file__).parent, quiet=1)
 

@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 
 import mtpconv.variant
+from fixtures.checkpoints import Spec, write_checkpoint
+from fixtures.family_checkpoints import BUILDERS, LAYERS, write_family_checkpoint
+from fixtures.vllm_registry import REGISTRY_FILE, mtp_architectures
 from mtpconv.checkpoint.index import load_checkpoint_files
 from mtpconv.commands.inspect import inspect_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
@@ -22,9 +25,6 @@ from mtpconv.errors import ConversionError
 from mtpconv.families import FAMILIES, UNSUPPORTED, readme_table
 from mtpconv.layouts import is_linear_module, linear_modules
 from mtpconv.quantconfig.match import ExclusionPattern
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
-from mtpconv.testing.family_checkpoints import BUILDERS, LAYERS, write_family_checkpoint
-from mtpconv.testing.vllm_registry import REGISTRY_FILE, mtp_architectures
 from tests.helpers import raw_tensors, run_cli, tree_digest
 
 Writer = Callable[[Path], Path]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.family_deepseek_v4 import write_deepseek_v4_release
 from mtpconv.commands.inspect import inspect_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.errors import ConversionError
-from mtpconv.testing.family_deepseek_v4 import write_deepseek_v4_release
 from tests.helpers import raw_tensors, tree_digest
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 
 _PROBE = """
 import sys
@@ -90,7 +90,7 @@ def test_build_draft_vocab_from_a_corpus_imports_no_torch(tmp_path: Path) -> Non
 
     import torch
 
-    from mtpconv.testing.tokenizers import generate_text, write_tiny_tokenizer
+    from fixtures.tokenizers import generate_text, write_tiny_tokenizer
 
     src = write_tiny_tokenizer(tmp_path / "ckpt", vocab_size=512)
     (src / "config.json").write_text(json.dumps({"vocab_size": 512, "eos_token_id": 2}))

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.errors import MtpconvError
 from mtpconv.manifest import read_manifest
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from mtpconv.variant_check import bad_files
 from tests.helpers import run_cli, tree_digest
 from tests.test_reliability import snapshot
@@ -136,7 +136,7 @@ def vocab_world(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tokenizer checkpoint and a ~25 MB corpus (counting it takes many seconds)."""
     import json
 
-    from mtpconv.testing.tokenizers import generate_text, write_tiny_tokenizer
+    from fixtures.tokenizers import generate_text, write_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("vocab")
     src = write_tiny_tokenizer(root / "src", vocab_size=300)

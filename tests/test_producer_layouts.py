@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.checkpoint.index import load_checkpoint_files
 from mtpconv.commands.inspect import inspect_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.findings import Severity
 from mtpconv.layouts import linear_modules
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import raw_tensors
 
 DIALECTS = {

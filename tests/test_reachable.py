@@ -12,7 +12,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTS = ("mtpconv.cli", "mtpconv.__main__", "mtpconv.vllm_plugin")
-SKIPPED = ("mtpconv.testing",)  # tiny-model builders and stubs, leaving the package (issue 46)
 # Modules outside mtpconv/kernels that nothing the product runs imports (found by this walk):
 # none today; a module added here needs a reason.
 EXPECTED_ORPHANS: set[str] = set()
@@ -70,9 +69,7 @@ def every_module() -> set[str]:
     for path in (ROOT / "mtpconv").rglob("*.py"):
         rel = path.relative_to(ROOT).with_suffix("")
         parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-        name = ".".join(parts)
-        if not name.startswith(SKIPPED):
-            out.add(name)
+        out.add(".".join(parts))
     return out
 
 
@@ -85,3 +82,38 @@ def test_every_kernel_module_is_reached_from_the_cli_or_the_plugin() -> None:
 def test_every_module_of_the_package_is_reached() -> None:
     orphans = every_module() - reachable()
     assert orphans == EXPECTED_ORPHANS, sorted(orphans ^ EXPECTED_ORPHANS)
+
+
+def test_the_wheel_ships_the_product_alone(tmp_path: Path) -> None:
+    """Tiny-model builders, the vLLM stubs and their sitecustomize.py stay in the repository."""
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    (wheel,) = tmp_path.glob("mtpconv-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "mtpconv/cli/app.py" in names and "mtpconv/kernels/tuned/NVIDIA_H200.json" in names
+    leaked = [
+        n
+        for n in names
+        if n.startswith(("fixtures/", "tests/", "benchmarks/", "scripts/", "mtpconv/testing/"))
+    ]
+    assert leaked == []
+    assert not [n for n in names if n.endswith("sitecustomize.py") or "vllm_stub" in n or "planted" in n]

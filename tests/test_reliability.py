@@ -22,9 +22,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from fixtures.checkpoints import Spec, write_checkpoint
+from fixtures.tokenizers import write_tiny_tokenizer
 from mtpconv.commands.quantize_mtp import quantize_mtp
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
-from mtpconv.testing.tokenizers import write_tiny_tokenizer
 from tests.helpers import run_cli
 
 INDEX = "model.safetensors.index.json"

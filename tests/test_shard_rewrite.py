@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.manifest import read_manifest
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 
 
 @pytest.mark.parametrize("quant", ["bf16", "nvfp4"])

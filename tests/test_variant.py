@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.fix_exclusions import fix_exclusions
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.errors import ConversionError, OutputError
@@ -17,7 +18,6 @@ from mtpconv.layouts import module_of
 from mtpconv.manifest import read_manifest
 from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
 from mtpconv.quantconfig.documents import load_quant_configs
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from mtpconv.variant_check import bad_files
 from tests.helpers import load_tensor, raw_tensors, run_cli, tree_digest
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.formats.fp8 import quantize_fp8_checked
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import raw_tensors
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.errors import ConversionError
 from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8
 from mtpconv.formats.nvfp4 import dequantize_nvfp4
 from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, read_manifest
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from mtpconv.variant_check import bad_files
 from tests.helpers import load_tensor, run_cli
 

@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from mtpconv.testing.planted import EOS, write_tokenizer_config
-from mtpconv.testing.planted_mimo import CONFIGURATION_MIMO
+from fixtures.planted import EOS, write_tokenizer_config
+from fixtures.planted_mimo import CONFIGURATION_MIMO
 
 NVFP4_GLOBAL_SCALE = 0.004  # weight_scale_2: E2M1 values (|x| <= 6) times unit block scales stay small
 

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.inspect import inspect_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.manifest import FileStamp, read_manifest
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import HUB_COMMIT, populate_hub_cache, raw_tensors, run_cli
 
 REPO = "acme/tiny-qwen3.5-moe"

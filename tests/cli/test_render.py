@@ -110,8 +110,8 @@ def test_stock_view_is_one_row_per_reason(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_inspect_table_folds_routed_experts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fixtures.checkpoints import Spec, write_checkpoint
     from mtpconv.commands.inspect import inspect_checkpoint
-    from mtpconv.testing.checkpoints import Spec, write_checkpoint
 
     write_checkpoint(tmp_path, Spec(family="qwen3_5_moe", experts=8))
     report = inspect_checkpoint(str(tmp_path))

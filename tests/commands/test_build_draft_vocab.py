@@ -16,12 +16,12 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from fixtures.tokenizers import generate_text, write_tiny_tokenizer
 from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.commands.build_draft_vocab import build_draft_vocab
 from mtpconv.draft_vocab.selection import select_draft_ids
 from mtpconv.errors import DraftVocabError
 from mtpconv.formats.draft_ids import load_draft_vocab_ids, sidecar_path
-from mtpconv.testing.tokenizers import generate_text, write_tiny_tokenizer
 
 VOCAB = 520  # config.json vocab_size: the 512-token tokenizer padded, as real models pad
 EXTRA_EOS = 96  # "~": an EOS id from generation_config.json, no special token, unseen

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from fixtures.tokenizers import generate_text, write_tiny_tokenizer
 from mtpconv.cli import app, main
 from mtpconv.errors import DraftVocabError
-from mtpconv.testing.tokenizers import generate_text, write_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fixtures.tokenizers import generate_text, write_tiny_tokenizer
 from mtpconv.commands.build_draft_vocab import _mix
 from mtpconv.draft_vocab.prompts import PromptKind, read_prompts
 from mtpconv.errors import DraftVocabUsageError
-from mtpconv.testing.tokenizers import generate_text, write_tiny_tokenizer
 from tests.helpers import run_cli, tree_digest
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
 from mtpconv.quantconfig.documents import load_quant_configs
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import run_cli, tree_digest
 
 IGNORE = ("text_config", "quantization_config", "ignore")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.checkpoints import FAMILIES, Spec, write_checkpoint
 from mtpconv.commands.inspect import inspect_checkpoint
-from mtpconv.testing.checkpoints import FAMILIES, Spec, write_checkpoint
 from tests.helpers import run_cli
 
 EXPECTED_DRAFTER_START = {

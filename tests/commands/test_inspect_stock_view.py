@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.manifest import read_manifest
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import run_cli
 
 CASES = {

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.inspect import inspect_checkpoint
 from mtpconv.low_bit_drafter import CODE_LOW_BIT_DRAFTER
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import run_cli, tree_digest
 
 

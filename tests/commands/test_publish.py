@@ -235,8 +235,8 @@ def test_hub_error_is_one_sentence_without_the_token(variant: Path) -> None:
 
 def test_publishes_what_quantize_mtp_writes(tmp_path: Path) -> None:
     """The converter's real output (VLM names, copied source card) verifies and gets a card."""
+    from fixtures.checkpoints import write_checkpoint
     from mtpconv.commands.quantize_mtp import quantize_mtp
-    from mtpconv.testing.checkpoints import write_checkpoint
 
     src = write_checkpoint(tmp_path / "Qwen3.5-Tiny", family="qwen3_5_moe", vlm=True, shards=2)
     (src / "README.md").write_text("---\nlicense: apache-2.0\n---\n# source card\n")

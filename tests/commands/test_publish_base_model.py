@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import yaml
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.cli import main
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.manifest import read_manifest
 from mtpconv.model_card import build_model_card
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import tree_digest
 from tests.publish_support import isolate_hub, make_variant  # noqa: F401  (autouse fixture)
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import mtpconv.commands.quantize_mtp as command
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.quantize_mtp import pick_device, quantize_mtp
 from mtpconv.conversion_options import Device, HeadDtype
 from mtpconv.errors import ConversionError
 from mtpconv.plan import ConversionPlan, OutKind, OutTensor, ShardAction
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import raw_tensors
 
 IDS = [0, 1, 2, 5, 17, 100, 200, 255]

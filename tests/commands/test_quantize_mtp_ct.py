@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.inspect import inspect_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.formats.fp8 import quantize_fp8
 from mtpconv.formats.nvfp4 import E2M1_VALUES, dequantize_nvfp4_ct
 from mtpconv.quantconfig.audit import CODE_PLAIN_DECLARED_QUANTIZED, CODE_QUANTIZED_DECLARED_PLAIN
 from mtpconv.quantconfig.compressed_tensors import DRAFTER_GROUP
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import load_tensor, raw_tensors, tree_digest
 
 

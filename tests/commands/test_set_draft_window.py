@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.checkpoints import write_checkpoint
 from mtpconv.commands.publish import plan_publish
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.commands.set_draft_window import set_draft_window, with_window
 from mtpconv.errors import DraftWindowError, ManifestError
 from mtpconv.manifest import MANIFEST_NAME, max_context, parse_manifest, read_manifest
 from mtpconv.model_card import build_model_card
-from mtpconv.testing.checkpoints import write_checkpoint
 from tests.helpers import run_cli, tree_digest
 from tests.publish_support import isolate_hub  # noqa: F401
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.publish import plan_publish
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.commands.verify import verify_variant
 from mtpconv.errors import PublishError
 from mtpconv.manifest import read_manifest
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from mtpconv.variant_check import FileState
 from tests.helpers import HUB_COMMIT, run_cli
 

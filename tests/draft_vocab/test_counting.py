@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from fixtures.tokenizers import DEFAULT_SPECIAL_TOKENS, generate_text, write_tiny_tokenizer
 from mtpconv.corpus import discover_corpus_files
 from mtpconv.draft_vocab import counting
 from mtpconv.draft_vocab.counting import count_tokens
-from mtpconv.testing.tokenizers import DEFAULT_SPECIAL_TOKENS, generate_text, write_tiny_tokenizer
 
 VOCAB = 1024
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from fixtures.checkpoints import Spec, write_checkpoint
+from fixtures.tokenizers import generate_text, write_tiny_tokenizer
 from mtpconv.checkpoint.index import load_checkpoint_files
 from mtpconv.commands.build_draft_vocab import build_draft_vocab
 from mtpconv.commands.quantize_mtp import quantize_mtp
@@ -15,8 +17,6 @@ from mtpconv.draft_vocab.tokenizer import load_tokenizer_info
 from mtpconv.errors import DraftVocabError
 from mtpconv.formats.draft_ids import save_draft_vocab_ids
 from mtpconv.layouts import detect_layout, vocab_size_of
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
-from mtpconv.testing.tokenizers import generate_text, write_tiny_tokenizer
 
 
 def test_tokenizer_and_config_errors(tmp_path: Path) -> None:

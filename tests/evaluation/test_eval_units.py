@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.evaluation import runner
 from mtpconv.evaluation.probe import module_kind
 from mtpconv.evaluation.report import build_report
 from mtpconv.evaluation.rows import Row
 from mtpconv.evaluation.runner import RowOutcome, row_environment
 from mtpconv.manifest import EVAL_REPORT_NAME
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 from tests.helpers import run_cli
 
 

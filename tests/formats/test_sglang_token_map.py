@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.formats.draft_ids import save_draft_vocab_ids
 from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 
 
 def _sglang_load_token_map(path: Path, dtype: torch.dtype) -> torch.Tensor:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.fix_exclusions import fix_exclusions
 from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
 from mtpconv.quantconfig.documents import load_quant_configs
 from mtpconv.quantconfig.match import ExclusionMatcher, ExclusionPattern, ModuleSet, ct_expert_name, vllm_view
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 
 CT = "compressed-tensors"
 EXPERTS = [f"model.layers.0.mlp.experts.{e}.{p}_proj" for e in range(4) for p in ("gate", "up", "down")]

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 
+from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8
 from mtpconv.formats.fp8_table import replicate_scale
 from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.manifest import read_manifest
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
 
 
 def test_replicated_scales_dequantize_to_the_per_tensor_weights() -> None:

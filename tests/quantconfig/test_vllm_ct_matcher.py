@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
+from fixtures.vllm_stub import run_with_vllm
 from mtpconv.checkpoint.index import load_checkpoint_files
 from mtpconv.commands.fix_exclusions import fix_exclusions
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.layouts import linear_modules
 from mtpconv.names import drafter_alias
 from mtpconv.quantconfig.match import FUSED_INTO, ExclusionMatcher
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
-from mtpconv.testing.vllm_stub import run_with_vllm
 
 _ORACLE = r"""
 import json, sys

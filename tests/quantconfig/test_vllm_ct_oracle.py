@@ -1,6 +1,6 @@
 """A compressed-tensors variant read by vLLM's own CompressedTensorsConfig (needs vLLM).
 
-The checks are `mtpconv.testing.ct_oracle` (shared with scripts/llmcompressor_exports.py, which
+The checks are `fixtures.ct_oracle` (shared with scripts/llmcompressor_exports.py, which
 runs them on exports llm-compressor itself made). Routed FP8 experts need AMX or a GPU to run
 here, so for per-expert ones the config-level check is the proof; fused 3-D FP8 experts (issue
 47) are also loaded through vLLM's own routed-experts loader, byte for byte.
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
+from fixtures.ct_oracle import ask_vllm, oracle_case, problems
 from mtpconv.commands.quantize_mtp import quantize_mtp
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
-from mtpconv.testing.ct_oracle import ask_vllm, oracle_case, problems
 
 
 def _case(root: Path, name: str, spec: Spec) -> dict[str, Any]:

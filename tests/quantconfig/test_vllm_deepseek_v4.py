@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.family_checkpoints import LAYERS, write_family_checkpoint
+from fixtures.vllm_stub import run_with_vllm
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.quantconfig.standard import vllm_drafter_key
-from mtpconv.testing.family_checkpoints import LAYERS, write_family_checkpoint
-from mtpconv.testing.vllm_stub import run_with_vllm
 from tests.helpers import raw_tensors
 
 _NAMES = r"""

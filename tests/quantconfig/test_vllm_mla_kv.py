@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
+from fixtures.vllm_stub import run_with_vllm
 from mtpconv.checkpoint.index import load_checkpoint_files
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.layouts import detect_layout
 from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
 from mtpconv.quantconfig.standard import DeclarationStyle, declare_drafter
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
-from mtpconv.testing.vllm_stub import run_with_vllm
 
 _ORACLE = r"""
 import json, sys

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from fixtures.vllm_stub import run_with_vllm
 from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
 from mtpconv.quantconfig.documents import QuantConfigs
 from mtpconv.quantconfig.rewrite import fixed_exclusion_configs, variant_configs
-from mtpconv.testing.vllm_stub import run_with_vllm
 from tests.quantconfig.helpers import (
     nvfp4_gap,
 )

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from fixtures.checkpoints import Spec, write_checkpoint
+from fixtures.vllm_stub import run_with_vllm
 from mtpconv.checkpoint.index import load_checkpoint_files
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.layouts import linear_modules
-from mtpconv.testing.checkpoints import Spec, write_checkpoint
-from mtpconv.testing.vllm_stub import run_with_vllm
 from tests.quantconfig.test_vllm_oracle import vllm_layer
 
 

@@ -1,4 +1,4 @@
-"""The trained tiny drafter (mtpconv.testing.trained): its grammar, and that the fast
+"""The trained tiny drafter (fixtures.trained): its grammar, and that the fast
 configuration learns well above chance within a minute on this machine."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from mtpconv.testing.trained import (
+from fixtures.trained import (
     FAST,
     Grammar,
     TinyMtpModel,

@@ -18,7 +18,7 @@ if importlib.util.find_spec("vllm") is None:
     collect_ignore_glob = ["test_*.py"]
 else:
     # Before vLLM or huggingface_hub is imported: they read their environment once.
-    from mtpconv.testing.vllm_stub import use_in_this_environment
+    from fixtures.vllm_stub import use_in_this_environment
 
     use_in_this_environment()
 
@@ -40,9 +40,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (ids 0..383), ``*_fp8_vocab_bf16`` the same head in BF16. ``mimo*``: the planted model
     in Xiaomi's MiMo layout (``MiMoMTP``; ``mimo_swapped``: ``input_proj`` halves exchanged).
     """
-    from mtpconv.testing.planted import build_model as build
-    from mtpconv.testing.planted_mimo import build_mimo_model
-    from mtpconv.testing.vllm_run import quantize_mtp, write_ids
+    from fixtures.planted import build_model as build
+    from fixtures.planted_mimo import build_mimo_model
+    from fixtures.vllm_run import quantize_mtp, write_ids
 
     root = tmp_path_factory.mktemp("vllm_models")
     ids = write_ids(root / "ids.pt", list(range(384)))

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.vllm_run import CPU_ENGINE, Run, planted_continuation, quantize_mtp, run
 from mtpconv.commands.build_draft_vocab import build_draft_vocab
 from mtpconv.draft_vocab.generate import SamplingSettings
-from mtpconv.testing.vllm_run import CPU_ENGINE, Run, planted_continuation, quantize_mtp, run
 
 CORPUS = Path(__file__).parents[2] / "examples" / "corpus.jsonl"
 K = 128  # a quarter of the planted model's 512 ids

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpconv.testing.vllm_run import EXPECTED_CPU_FP8_KERNEL, PROMPTS, Run, planted_continuation, run
+from fixtures.vllm_run import EXPECTED_CPU_FP8_KERNEL, PROMPTS, Run, planted_continuation, run
 from tests.vllm.stage_local_probe import stage_local_probe
 
 FP8 = "torch.float8_e4m3fn"

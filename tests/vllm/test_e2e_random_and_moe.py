@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpconv.testing.vllm_run import PROMPTS, Run, planted_continuation, run
+from fixtures.vllm_run import PROMPTS, Run, planted_continuation, run
 
 FP8 = "torch.float8_e4m3fn"
 

@@ -1,4 +1,4 @@
-"""The trained tiny drafter (mtpconv.testing.trained, fast configuration) in real vLLM:
+"""The trained tiny drafter (fixtures.trained, fast configuration) in real vLLM:
 it loads, the target generates what the PyTorch reference generates, and the trained
 drafter is accepted far more often than chance (issue 11)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from mtpconv.testing.trained import FAST, TinyMtpModel, build_trained_model, greedy, load_checkpoint
-from mtpconv.testing.vllm_run import Run, run
+from fixtures.trained import FAST, TinyMtpModel, build_trained_model, greedy, load_checkpoint
+from fixtures.vllm_run import Run, run
 
 PROMPTS = ["the", "two", "every", "a", "some", "many"]
 N = 16

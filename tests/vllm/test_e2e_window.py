@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mtpconv.testing.vllm_run import EXPECTED_CPU_FP8_KERNEL, Run, planted_continuation, quantize_mtp, run
+from fixtures.vllm_run import EXPECTED_CPU_FP8_KERNEL, Run, planted_continuation, quantize_mtp, run
 
 WINDOW = 16
 PROMPT_LEN = 48  # three times the window
@@ -87,7 +87,7 @@ def test_window_reaches_the_cpu_attention_kernel(models: dict[str, Path], tmp_pa
     """A drafter that leans on its attention drafts differently with a tiny window."""
     import shutil
 
-    from mtpconv.testing.attention_drafter import amplify_drafter_attention
+    from fixtures.attention_drafter import amplify_drafter_attention
 
     src = tmp_path / "attn"
     shutil.copytree(models["planted"], src)

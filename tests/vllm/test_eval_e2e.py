@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from benchmarks.gpu_e2e.planted_real import build
+from fixtures.vllm_run import CPU_ENGINE, quantize_mtp
 from mtpconv.manifest import EVAL_REPORT_NAME
-from mtpconv.testing.vllm_run import CPU_ENGINE, quantize_mtp
 from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def test_planted_rows_match_no_spec_and_the_plugin_serves_the_truncated_head(
 
 
 def test_trained_drafter_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from mtpconv.testing.trained import FAST, build_trained_model
+    from fixtures.trained import FAST, build_trained_model
 
     src, _ = build_trained_model(tmp_path / "trained", FAST)
     var = quantize_mtp(src, tmp_path / "trained_fp8")

@@ -1,6 +1,6 @@
 """A non-Qwen MTP family served end to end by vLLM (issue 14): MiMo (``MiMoMTP``).
 
-The planted MiMo model (``mtpconv.testing.planted_mimo``: next token ``t + 1``, a drafter
+The planted MiMo model (``fixtures.planted_mimo``: next token ``t + 1``, a drafter
 that passes its input token's embedding through) and its ``quantize-mtp`` standard variant
 are served with ``method="mtp"``, ``num_speculative_tokens=2``: greedy output must equal
 the no-speculation output. Stock vLLM (``VLLM_PLUGINS=none``, a fresh process) must load
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from mtpconv.testing.vllm_run import (
+from fixtures.vllm_run import (
     PROMPTS,
     Run,
     describe_plain_and_target,
@@ -40,11 +40,11 @@ DRAFTER_LINEARS = {
 _STOCK = textwrap.dedent("""
     import json, sys
     if __name__ == "__main__":
-        from mtpconv.testing.vllm_stub import use_in_this_environment
+        from fixtures.vllm_stub import use_in_this_environment
         use_in_this_environment()
         from pathlib import Path
         import mtpconv.vllm_plugin as plugin
-        from mtpconv.testing.vllm_run import describe_plain_and_target, run
+        from fixtures.vllm_run import describe_plain_and_target, run
         r = run(Path(sys.argv[1]), llm_kwargs={"trust_remote_code": True}, probe=describe_plain_and_target)
         print("RESULT " + json.dumps({"outputs": r.outputs, "drafted": r.drafted,
               "accepted": r.accepted, "cls": r.drafter_class, "plugin": plugin._registered,

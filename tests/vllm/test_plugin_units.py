@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import mtpconv.vllm_plugin as plugin
+from fixtures.vllm_run import EXPECTED_CPU_FP8_KERNEL, VLLM_CPU_HAS_FP8_KERNEL
 from mtpconv.errors import ManifestError
 from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8
 from mtpconv.names import drafter_name
-from mtpconv.testing.vllm_run import EXPECTED_CPU_FP8_KERNEL, VLLM_CPU_HAS_FP8_KERNEL
 from mtpconv.vllm_plugin import kernels
 from mtpconv.vllm_plugin.settings import drafter_settings
 from tests.helpers import populate_hub_cache

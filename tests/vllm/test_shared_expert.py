@@ -18,9 +18,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fixtures.vllm_run import run
 from mtpconv.formats.fp8 import FP8_MAX, quantize_fp8
 from mtpconv.kernels import mlp as kernels_mlp
-from mtpconv.testing.vllm_run import run
 from mtpconv.vllm_plugin import kernels, shared_expert
 from mtpconv.vllm_plugin.drafter import MtpconvDrafterMixin
 from mtpconv.vllm_plugin.quant import DrafterQuantConfig

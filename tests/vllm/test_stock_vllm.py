@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 
-from mtpconv.testing.vllm_run import PROMPTS, planted_continuation, run_script_without_plugin
+from fixtures.vllm_run import PROMPTS, planted_continuation, run_script_without_plugin
 
 FP8 = "torch.float8_e4m3fn"
 
 _SCRIPT = textwrap.dedent("""
     import json, sys
     if __name__ == "__main__":
-        from mtpconv.testing.vllm_stub import use_in_this_environment
+        from fixtures.vllm_stub import use_in_this_environment
         use_in_this_environment()
         from pathlib import Path
-        from mtpconv.testing.vllm_run import run
+        from fixtures.vllm_run import run
         r = run(Path(sys.argv[1]))
         print("RESULT " + json.dumps({"outputs": r.outputs, "drafted": r.drafted,
               "accepted": r.accepted, "cls": r.drafter_class,

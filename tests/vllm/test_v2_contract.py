@@ -44,7 +44,7 @@ from mtpconv.formats.draft_ids import load_draft_vocab_ids
 from mtpconv.manifest import read_manifest
 from mtpconv.vllm_plugin.drafter import DRAFT_HEAD_ATTR
 
-VOCAB = 512  # mtpconv.testing.planted.TinySpec.vocab
+VOCAB = 512  # fixtures.planted.TinySpec.vocab
 # Input tokens of one prefill: the planted drafter proposes t + 1. 383 and 450 have
 # t + 1 outside the 384 draft ids, so the draft head must pick some other draft id.
 TOKENS = [3, 10, 11, 12, 100, 381, 382, 383, 450]
