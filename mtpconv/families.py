@@ -52,6 +52,7 @@ FAMILIES: tuple[Family, ...] = (
         vllm_names=VllmNames.MTP_LAYERS_AFTER_TARGET,
         plain=(("input_proj", NN_LINEAR),),
         marker=r"^model\.mtp_layers\.",
+        draft_vocab=True,
     ),
     Family(
         "mimo_v2",

@@ -16,6 +16,7 @@ from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles
 from mtpconv.checkpoint.writer import TensorSpec
 from mtpconv.conversion_options import HeadDtype
 from mtpconv.errors import ConversionError, LayoutError, OutputError, SourceError
+from mtpconv.families import FAMILIES
 from mtpconv.families import family as family_row
 from mtpconv.formats.scale_layout import stored_scale_shape
 from mtpconv.layouts import Linear, MtpLayout, Stored
@@ -156,9 +157,10 @@ def check_destination(source_dir: Path, dst: Path) -> None:
 def draft_head_name(layout: MtpLayout) -> str:
     row = family_row(layout.family)
     if row is None or not row.draft_vocab:
+        served = ", ".join(r.name for r in FAMILIES if r.draft_vocab)
         raise ConversionError(
-            f"a truncated draft head is served by the plugin for Qwen3.5 / Qwen3-Next drafters; "
-            f"this checkpoint is {layout.family}. Run without --draft-vocab."
+            f"the plugin serves a truncated draft head for the drafters of {served}; "
+            f"this checkpoint is {layout.family}. Convert it without a draft vocabulary."
         )
     return f"{layout.drafter_prefixes[0]}{DRAFT_HEAD_NAME.split('.', 1)[1]}.weight"
 

@@ -2,7 +2,7 @@
 
 vLLM calls :func:`register` through the ``vllm.general_plugins`` entry point in
 every process it starts. It replaces vLLM's MTP drafter classes of the Qwen3.5 /
-Qwen3-Next family with ours: on a checkpoint without ``mtpconv.json`` they are
+Qwen3-Next family and MiMo with ours: on a checkpoint without ``mtpconv.json`` they are
 vLLM's own classes; with the manifest they build FP8 drafter linears, the
 truncated draft head and a stage-local forward.
 
@@ -28,6 +28,7 @@ DRAFTER_CLASSES: dict[str, str] = {
     "Qwen3_5MTP": "mtpconv.vllm_plugin.qwen3_5:MtpconvQwen3_5MTP",
     "Qwen3_5MoeMTP": "mtpconv.vllm_plugin.qwen3_5:MtpconvQwen3_5MoeMTP",
     "Qwen3NextMTP": "mtpconv.vllm_plugin.qwen3_next:MtpconvQwen3NextMTP",
+    "MiMoMTPModel": "mtpconv.vllm_plugin.mimo:MtpconvMiMoMTP",
 }
 
 _registered = False

@@ -1,13 +1,15 @@
 """What our drafter classes add to vLLM's: FP8 linears, the truncated draft head,
-and a stage-local forward.
+and (Qwen) a stage-local forward.
 
 :class:`MtpconvDrafterMixin` goes first in the bases of a subclass of one of
-vLLM's MTP classes (``Qwen3_5MTP``, ``Qwen3_5MoeMTP``, ``Qwen3NextMTP``). Those
-all keep the drafter stack in ``self.model`` (embed_tokens, pre_fc_norm_*, fc,
-layers, norm) and load checkpoint names ``mtp.X`` as ``model.X``.
+vLLM's MTP classes (``Qwen3_5MTP``, ``Qwen3_5MoeMTP``, ``Qwen3NextMTP``, ``MiMoMTP``).
+Those all keep the drafter stack in ``self.model`` and their config in ``self.config``.
+The Qwen classes load checkpoint names ``mtp.X`` as ``model.X`` and put
+:class:`StageLocalForward` before it; a class whose vLLM module names differ from the
+checkpoint's (MiMo) says how through :meth:`MtpconvDrafterMixin.vllm_module_names`.
 
 Without ``mtpconv.json`` nothing is swapped or added: the class builds and loads
-exactly as vLLM's. The forward is stage-local in both cases; on one pipeline
+exactly as vLLM's. The stage-local forward is used in both cases; on one pipeline
 rank it computes what vLLM's does.
 """
 
@@ -124,7 +126,11 @@ class MtpconvDrafterMixin:
             return
         base = vllm_config.quant_config
         cfg = DrafterQuantConfig(
-            base, settings.fp8_modules, type(self).packed_modules_mapping, settings.scale_layouts
+            base,
+            settings.fp8_modules,
+            type(self).packed_modules_mapping,
+            settings.scale_layouts,
+            type(self).vllm_module_names(settings, vllm_config),
         )
         window = settings.attention_window
         with _drafter_quant_config(vllm_config, cfg), _drafter_attention_window(vllm_config, window):
@@ -153,18 +159,12 @@ class MtpconvDrafterMixin:
             "full" if window is None else f"{window} tokens",
         )
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None,
-        positions: torch.Tensor,
-        hidden_states: torch.Tensor,
-        intermediate_tensors: Any = None,
-        inputs_embeds: torch.Tensor | None = None,
-        **kwargs: object,
-    ) -> torch.Tensor:
-        """Stage-local: ``intermediate_tensors`` never reach the drafter's math."""
-        del intermediate_tensors, kwargs  # vLLM's classes ignore the step index too
-        return stage_local_forward(self.model, input_ids, positions, hidden_states, inputs_embeds)
+    @classmethod
+    def vllm_module_names(cls, settings: DrafterSettings, vllm_config: VllmConfig) -> dict[str, str] | None:
+        """vLLM module name -> checkpoint name of each FP8 drafter linear, where they differ;
+        ``None``: vLLM's name is the checkpoint's ``mtp.…`` name (the Qwen classes)."""
+        del settings, vllm_config
+        return None
 
     def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor | None:
         """Full-vocabulary logits; ``-inf`` outside the draft ids when the head is truncated."""
@@ -243,3 +243,23 @@ class MtpconvDrafterMixin:
         if missing:
             raise ManifestError(f"{path} lacks the draft head's {sorted(missing)}; re-run quantize-mtp.")
         return loaded
+
+
+class StageLocalForward:
+    """The Qwen drafters' forward, independent of the target's pipeline stage
+    (:func:`stage_local_forward`); goes before :class:`MtpconvDrafterMixin`."""
+
+    model: Any
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> torch.Tensor:
+        """Stage-local: ``intermediate_tensors`` never reach the drafter's math."""
+        del intermediate_tensors, kwargs  # vLLM's classes ignore the step index too
+        return stage_local_forward(self.model, input_ids, positions, hidden_states, inputs_embeds)

@@ -198,12 +198,31 @@ class DrafterQuantConfig(QuantizationConfig):
         fp8_modules: frozenset[str],
         packed_modules_mapping: dict[str, list[str]],
         scale_layouts: dict[str, str] | None = None,
+        vllm_names: dict[str, str] | None = None,
     ):
         super().__init__()
         self.base = base
         self.fp8_modules = fp8_modules
-        self.scale_layouts = dict(scale_layouts or {})  # "mtp.…" module -> stored layout
+        self.scale_layouts = dict(scale_layouts or {})  # checkpoint module -> stored layout
         self.packed_modules_mapping = dict(packed_modules_mapping)
+        # vLLM module name -> checkpoint name, for a drafter vLLM names otherwise (MiMo)
+        self.vllm_names = vllm_names
+
+    def _checkpoint_names(self, prefix: str) -> list[str]:
+        """The checkpoint modules behind the vLLM module ``prefix`` (``[]``: not the drafter's)."""
+        if self.vllm_names is None:
+            return checkpoint_names(prefix, self.packed_modules_mapping)
+        head, _, last = prefix.rpartition(".")
+        parts = [f"{head}.{part}" for part in self.packed_modules_mapping.get(last, [])] or [prefix]
+        found = [self.vllm_names.get(part) for part in parts]
+        if not any(found):
+            return []
+        if not all(found):
+            raise ManifestError(
+                f"{prefix}: mtpconv.json lists only some of {parts} as FP8; "
+                "a fused module needs all its parts in one format."
+            )
+        return [name for name in found if name is not None]
 
     def get_name(self) -> Any:
         return NAME
@@ -225,7 +244,7 @@ class DrafterQuantConfig(QuantizationConfig):
 
     def get_quant_method(self, layer: Any, prefix: str) -> QuantizeMethodBase | None:
         if isinstance(layer, LinearBase):
-            names = checkpoint_names(prefix, self.packed_modules_mapping)
+            names = self._checkpoint_names(prefix)
             listed = [n in self.fp8_modules for n in names]
             if names and all(listed):
                 layouts = {self.scale_layouts.get(n) for n in names}

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from vllm.model_executor.models.qwen3_next_mtp import Qwen3NextMTP
 
-from mtpconv.vllm_plugin.drafter import MtpconvDrafterMixin
+from mtpconv.vllm_plugin.drafter import MtpconvDrafterMixin, StageLocalForward
 
 
-class MtpconvQwen3NextMTP(MtpconvDrafterMixin, Qwen3NextMTP):
+class MtpconvQwen3NextMTP(StageLocalForward, MtpconvDrafterMixin, Qwen3NextMTP):
     """vLLM's ``Qwen3NextMTP`` serving ``-mtpfp8`` variants, stage-local under PP."""

@@ -38,7 +38,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     a random drafter; ``moe*``: the planted model with a Qwen3.5-MoE layout.
     ``next*``: the same in the Qwen3-Next layout. ``*_fp8`` has FP8 drafter linears; ``*_fp8_vocab`` adds a 384-row FP8 draft head
     (ids 0..383), ``*_fp8_vocab_bf16`` the same head in BF16. ``mimo*``: the planted model
-    in Xiaomi's MiMo layout (``MiMoMTP``; ``mimo_swapped``: ``input_proj`` halves exchanged).
+    in Xiaomi's MiMo layout (``MiMoMTP``; ``mimo_swapped``: ``input_proj`` halves exchanged;
+    ``mimo_fp8_vocab``: FP8 drafter + the 384-row FP8 draft head).
     """
     from fixtures.planted import build_model as build
     from fixtures.planted_mimo import build_mimo_model
@@ -65,6 +66,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out["mimo_swapped"] = build_mimo_model(root / "mimo_swapped", swap_proj=True)
     for name in ("mimo", "mimo_swapped"):
         out[f"{name}_fp8"] = quantize_mtp(out[name], root / f"{name}_fp8")
+    out["mimo_fp8_vocab"] = quantize_mtp(out["mimo"], root / "mimo_fp8_vocab", "--draft-vocab", str(ids))
     out["random_fp8_vocab_bf16"] = quantize_mtp(
         out["random"], root / "random_fp8_vocab_bf16", "--draft-vocab", str(ids), "--draft-head-dtype", "bf16"
     )

@@ -5,8 +5,9 @@ that passes its input token's embedding through) and its ``quantize-mtp`` standa
 are served with ``method="mtp"``, ``num_speculative_tokens=2``: greedy output must equal
 the no-speculation output. Stock vLLM (``VLLM_PLUGINS=none``, a fresh process) must load
 the drafter's quantizable linears on its own ModelOpt FP8 method and keep the plain
-``nn.Linear`` ``input_proj`` BF16; with the plugin loaded (it overrides no MiMo class)
-the same holds. Acceptance is read from vLLM's spec-decode counters.
+``nn.Linear`` ``input_proj`` BF16; with the plugin loaded its ``MiMoMTP`` class builds the
+same linears on its own FP8 method, and a variant with a draft vocabulary gets the truncated
+head (stock vLLM ignores it). Acceptance is read from vLLM's spec-decode counters.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from fixtures.vllm_run import (
 FP8 = "torch.float8_e4m3fn"
 BF16 = "torch.bfloat16"
 MIMO_MTP = "vllm.model_executor.models.mimo_mtp.MiMoMTP"
+PLUGIN_MIMO_MTP = "mtpconv.vllm_plugin.mimo.MtpconvMiMoMTP"
 # The tiny MiMo's config is remote code (configuration_mimo.py), as Xiaomi's checkpoints are.
 REMOTE = {"trust_remote_code": True}
 # vLLM's MiMoMTP builds its MTP block under ``model.mtp_layers.{N}.mtp_block`` (N = num_hidden_layers).
@@ -68,6 +70,7 @@ def runs(models: dict[str, Path]) -> dict[str, Run]:
         "bf16": run(models["mimo"], llm_kwargs=REMOTE, probe=describe_plain_and_target),
         "fp8": run(models["mimo_fp8"], llm_kwargs=REMOTE, probe=describe_plain_and_target),
         "swapped_fp8": run(models["mimo_swapped_fp8"], llm_kwargs=REMOTE),
+        "fp8_vocab": run(models["mimo_fp8_vocab"], llm_kwargs=REMOTE, probe=describe_plain_and_target),
     }
     # vLLM loaded the plugin in this process (its entry point, VLLM_PLUGINS unset).
     assert plugin._registered, "the mtpconv plugin was not loaded by vLLM in this process"
@@ -90,7 +93,8 @@ def test_mimo_target_generates_t_plus_one(runs: dict[str, Run]) -> None:
 def test_bf16_source_with_mtp_equals_no_spec(runs: dict[str, Run]) -> None:
     r = runs["bf16"]
     _report("BF16 source", r.drafted, r.accepted)
-    assert r.drafter_class == MIMO_MTP
+    # The plugin's class, behaving exactly as vLLM's on a checkpoint without mtpconv.json.
+    assert r.drafter_class == PLUGIN_MIMO_MTP
     assert r.outputs == runs["nospec"].outputs
     # The one MTP layer drafts both tokens; MiMoMTP zeroes the embedding at position 0, so a
     # one-token prompt's first drafts are lost: not every draft, but nearly all, is accepted.
@@ -121,15 +125,30 @@ def test_stock_vllm_serves_the_mimo_variant_with_its_own_fp8(
 def test_plugin_on_serves_the_mimo_variant(runs: dict[str, Run], stock: dict[str, Any]) -> None:
     r = runs["fp8"]
     _report("FP8 variant, plugin on", r.drafted, r.accepted)
-    assert r.drafter_class == MIMO_MTP  # the plugin overrides Qwen drafters only
+    assert r.drafter_class == PLUGIN_MIMO_MTP
     assert r.outputs == runs["nospec"].outputs
     assert r.drafted > 0 and r.acceptance >= 0.9, f"{r.accepted}/{r.drafted}"
     assert abs(r.acceptance - runs["bf16"].acceptance) <= 0.02
     assert (r.drafted, r.accepted) == (stock["drafted"], stock["accepted"])
+    # The plugin's own FP8 method on vLLM's module names (model.layers.{N} in the quant config).
     assert {k: list(v[:2]) for k, v in r.modules.items() if k in DRAFTER_LINEARS} == {
-        m: ["ModelOptLinearMethod", FP8] for m in DRAFTER_LINEARS
+        m: ["Fp8DrafterLinearMethod", FP8] for m in DRAFTER_LINEARS
     }
     assert r.extra["probe"]["plain"] == {"model.mtp_layers.1.input_proj": ["Linear", BF16]}
+    assert not any("draft_lm_head" in k for k in r.modules)  # no draft vocabulary here
+
+
+def test_plugin_serves_the_mimo_truncated_head(runs: dict[str, Run]) -> None:
+    r = runs["fp8_vocab"]
+    _report("FP8 variant + 384-row FP8 draft head, plugin on", r.drafted, r.accepted)
+    assert r.drafter_class == PLUGIN_MIMO_MTP
+    assert r.outputs == runs["nospec"].outputs
+    # The planted continuations of PROMPTS stay inside ids 0..383 (the head's rows).
+    assert r.drafted > 0 and abs(r.acceptance - runs["fp8"].acceptance) <= 0.02, f"{r.accepted}/{r.drafted}"
+    head = r.modules["model.draft_lm_head"]
+    assert head[:3] == ("Fp8DraftHeadMethod", FP8, (384, 128))
+    target = r.extra["probe"]["target"]
+    assert target and all(v[1] == BF16 for v in target.values()), target
 
 
 def test_misconverted_mimo_drafter_loses_acceptance(runs: dict[str, Run]) -> None:

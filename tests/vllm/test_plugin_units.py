@@ -40,7 +40,7 @@ def test_register_is_idempotent(monkeypatch: pytest.MonkeyPatch) -> None:
     plugin.register()
     plugin.register()
     assert calls == list(plugin.DRAFTER_CLASSES.items())
-    assert {a for a, _ in calls} == {"Qwen3_5MTP", "Qwen3_5MoeMTP", "Qwen3NextMTP"}
+    assert {a for a, _ in calls} == {"Qwen3_5MTP", "Qwen3_5MoeMTP", "Qwen3NextMTP", "MiMoMTPModel"}
 
 
 @pytest.mark.parametrize("allow", ["", "other", "lora_filesystem_resolver, other"])
@@ -51,7 +51,7 @@ def test_register_respects_vllm_plugins(monkeypatch: pytest.MonkeyPatch, allow: 
     assert calls == []
     monkeypatch.setenv("VLLM_PLUGINS", "other,mtpconv")
     plugin.register()
-    assert len(calls) == 3
+    assert len(calls) == len(plugin.DRAFTER_CLASSES)
 
 
 def test_register_without_vllm_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
