@@ -43,8 +43,9 @@ class Spec:
     # its conv1d, and (VLM) the vision tower's 5-D patch embedding and position embedding
     gdn_and_vision: bool = False
     vlm: bool = False  # model.language_model.* names + text_config
-    quant: str = "bf16"  # "bf16" | "nvfp4" | "ct_nvfp4" (target linears)
-    drafter_quant: str = "bf16"  # "bf16" | "nvfp4" | "ct_nvfp4" (drafter linears)
+    # target linears: "bf16" | "nvfp4" | "ct_nvfp4", or (drafter tests) another of `ENCODERS`
+    quant: str = "bf16"
+    drafter_quant: str = "bf16"  # the drafter linears, as ``quant``
     # NVFP4 exclude_modules; default: NVIDIA's (mtp.fc gap). compressed-tensors ``ignore``;
     # default: llm-compressor's (head, routers, and ``re:^mtp.*`` when the drafter is BF16)
     exclude: list[str] | None = None
@@ -221,6 +222,76 @@ def to_nvfp4_ct(w: torch.Tensor, g: torch.Generator) -> dict[str, torch.Tensor]:
     }
 
 
+def _rand_i32(g: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randint(-(2**31), 2**31 - 1, shape, generator=g, dtype=torch.int32)
+
+
+def to_int_ct(
+    w: torch.Tensor, g: torch.Generator, *, bits: int = 4, group: int = 32, symmetric: bool = True
+) -> dict[str, torch.Tensor]:
+    """compressed-tensors ``pack-quantized`` (llm-compressor's W4A16 / W8A16 schemes), random
+    codes: ``32 // bits`` values packed in each int32 along the input, group scales in the
+    weight's dtype, the unpacked shape as int64 and, when asymmetric, zero points packed
+    along the output (``PackedQuantizationCompressor.compress``)."""
+    out_f, in_f = w.shape
+    pack = 32 // bits
+    stored = {
+        "weight_packed": _rand_i32(g, out_f, -(-in_f // pack)),
+        "weight_scale": (torch.rand(out_f, in_f // group, generator=g) * 0.01).to(w.dtype),
+        "weight_shape": torch.tensor([out_f, in_f], dtype=torch.int64),
+    }
+    if not symmetric:
+        stored["weight_zero_point"] = _rand_i32(g, -(-out_f // pack), in_f // group)
+    return stored
+
+
+def to_mxfp4_ct(w: torch.Tensor, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """compressed-tensors ``mxfp4-pack-quantized``: E2M1 codes packed two a byte like NVFP4,
+    one U8 E8M0 exponent (bias 127) per 32 inputs, no global scale."""
+    out_f, in_f = w.shape
+    codes = torch.randint(0, 16, (out_f, in_f), generator=g, dtype=torch.uint8)
+    return {
+        "weight_packed": pack_e2m1_codes(codes),
+        "weight_scale": torch.randint(118, 127, (out_f, in_f // 32), generator=g, dtype=torch.uint8),
+    }
+
+
+def to_gptq(
+    w: torch.Tensor, g: torch.Generator, *, bits: int = 4, group: int = 32
+) -> dict[str, torch.Tensor]:
+    """GPTQ (AutoGPTQ / GPTQModel) int4: ``qweight`` packed along the input ``[in * bits / 32,
+    out]``, ``qzeros`` along the output ``[groups, out * bits / 32]``, F16 ``scales``
+    ``[groups, out]``, ``g_idx`` ``[in]``."""
+    out_f, in_f = w.shape
+    pack = 32 // bits
+    return {
+        "qweight": _rand_i32(g, in_f // pack, out_f),
+        "qzeros": _rand_i32(g, in_f // group, out_f // pack),
+        "scales": (torch.rand(in_f // group, out_f, generator=g) * 0.01).to(torch.float16),
+        "g_idx": torch.arange(in_f, dtype=torch.int32) // group,
+    }
+
+
+# Every storage a tiny checkpoint's linears can be written in besides BF16 (`Spec.quant`).
+ENCODERS = {
+    "nvfp4": to_nvfp4,
+    "ct_nvfp4": to_nvfp4_ct,
+    "ct_w4a16": to_int_ct,
+    "ct_w4a16_asym": lambda w, g: to_int_ct(w, g, symmetric=False),
+    "ct_w8a16": lambda w, g: to_int_ct(w, g, bits=8),
+    "ct_mxfp4": to_mxfp4_ct,
+    "gptq": to_gptq,
+}
+# compressed-tensors ``config_groups`` weights of each mode other than NVFP4 (weights only)
+_CT_WEIGHTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "ct_w4a16": ("pack-quantized", {"num_bits": 4, "type": "int", "symmetric": True}),
+    "ct_w4a16_asym": ("pack-quantized", {"num_bits": 4, "type": "int", "symmetric": False}),
+    "ct_w8a16": ("pack-quantized", {"num_bits": 8, "type": "int", "symmetric": True}),
+    "ct_mxfp4": ("mxfp4-pack-quantized", {"num_bits": 4, "type": "float", "symmetric": True}),
+}
+CT_MODES = frozenset({"ct_nvfp4", *_CT_WEIGHTS})
+
+
 # Qwen3.5's GDN and vision linears whose names do not end in _proj (vLLM builds them quantized).
 _GDN_VISION_LINEARS = tuple(
     f".{leaf}.weight"
@@ -274,25 +345,38 @@ def ct_ignore(s: Spec) -> list[str]:
     ignore = ["lm_head", "re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$"]
     if s.vlm and not s.gdn_and_vision:
         ignore.append("re:.*visual.*")
-    if s.drafter_quant != "ct_nvfp4":
+    if s.drafter_quant not in CT_MODES:
         ignore.append("re:^mtp.*")
     return ignore
 
 
 def ct_quant_config(s: Spec) -> dict[str, Any]:
-    """config.json ``quantization_config`` of an llm-compressor NVFP4 (W4A4) export."""
-    fp4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}
+    """config.json ``quantization_config`` of an llm-compressor export: NVFP4 (W4A4), or the
+    weights-only scheme of ``s.drafter_quant`` (W4A16, W8A16, MXFP4; group size 32)."""
+    fp4: dict[str, Any] = {
+        "num_bits": 4,
+        "type": "float",
+        "strategy": "tensor_group",
+        "group_size": 16,
+        "symmetric": True,
+    }
+    fmt, weights = "nvfp4-pack-quantized", fp4
+    inputs: dict[str, Any] | None = {**fp4, "dynamic": "local", "observer": "minmax"}
+    mode = next((m for m in (s.drafter_quant, s.quant) if m in _CT_WEIGHTS), None)
+    if mode is not None:
+        fmt, scheme = _CT_WEIGHTS[mode]
+        inputs, weights = None, {**scheme, "strategy": "group", "group_size": 32}
     return {
         "config_groups": {
             "group_0": {
-                "format": "nvfp4-pack-quantized",
-                "input_activations": {**fp4, "dynamic": "local", "observer": "minmax"},
+                "format": fmt,
+                "input_activations": inputs,
                 "output_activations": None,
                 "targets": ["Linear"],
-                "weights": {**fp4, "dynamic": False, "observer": "minmax"},
+                "weights": {**weights, "dynamic": False, "observer": "minmax"},
             }
         },
-        "format": "nvfp4-pack-quantized",
+        "format": fmt,
         "global_compression_ratio": None,
         "ignore": list(s.exclude) if s.exclude is not None else ct_ignore(s),
         "kv_cache_scheme": None,
@@ -369,16 +453,23 @@ def write_checkpoint(directory: str | Path, spec: Spec | None = None, **kw: Any)
     for name, w in tensors.items():
         mode = s.drafter_quant if name in drafter_set else s.quant
         head = s.quant_head and name == "lm_head.weight"
-        if mode in ("nvfp4", "ct_nvfp4") and (_quantizable(name, w, s) or head):
+        if mode in ENCODERS and (_quantizable(name, w, s) or head):
             mod = name[: -len(".weight")]
-            encode = to_nvfp4 if mode == "nvfp4" else to_nvfp4_ct
-            for k, v in encode(w, g).items():
+            for k, v in ENCODERS[mode](w, g).items():
                 stored[f"{mod}.{k}"] = v
         else:
             stored[name] = w
     cfg = make_config(s)
-    if "ct_nvfp4" in (s.quant, s.drafter_quant):
+    if CT_MODES & {s.quant, s.drafter_quant}:
         cfg["quantization_config"] = ct_quant_config(s)
+    elif "gptq" in (s.quant, s.drafter_quant):  # AutoGPTQ's config.json entry
+        cfg["quantization_config"] = {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": 32,
+            "desc_act": False,
+            "sym": True,
+        }
     elif "nvfp4" in (s.quant, s.drafter_quant):
         hf_quant, qc = quant_configs(s)
         cfg["quantization_config"] = qc
