@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from mtpconv.checkpoint.safetensors_io import TensorInfo
@@ -23,11 +22,14 @@ from mtpconv.names import strip_text_prefix
 # the tensor-name rules live in weight_names; re-exported for the callers
 from mtpconv.weight_names import CT_PACKED as _CT_PACKED
 from mtpconv.weight_names import NOT_LINEAR as _NOT_LINEAR
+from mtpconv.weight_names import STORAGE as _STORAGE
+from mtpconv.weight_names import Stored as Stored
 from mtpconv.weight_names import classify_weight as classify_weight
 from mtpconv.weight_names import is_linear_module as is_linear_module
 from mtpconv.weight_names import is_linear_weight as _is_linear_weight
 from mtpconv.weight_names import linear_modules as linear_modules
 from mtpconv.weight_names import module_of as module_of
+from mtpconv.weight_names import storage_of as _storage_of
 
 _LAYER_RE = {
     DrafterAt.MTP: re.compile(r"mtp\.layers\.(\d+)\."),
@@ -41,19 +43,6 @@ _LAYER_RE = {
 _CANDIDATE = re.compile(r"(^|\.)(mtp|mtp_layers|nextn|eh_proj|enorm|hnorm|shared_head)(\.|$)")
 
 
-class Stored(str, Enum):
-    """How a drafter linear's weight is stored in the source checkpoint."""
-
-    PLAIN = "plain"  # a float tensor (BF16, F16, F32, F64)
-    NVFP4 = "nvfp4"  # ModelOpt: packed U8 ``weight`` + ``weight_scale`` + ``weight_scale_2``
-    # compressed-tensors: ``weight_packed`` + ``weight_scale`` + ``weight_global_scale``
-    NVFP4_CT = "nvfp4_ct"
-    FP8 = "fp8"  # already FP8: the checkpoint is a variant, not a source
-
-    def __str__(self) -> str:
-        return self.value
-
-
 @dataclass(frozen=True)
 class Linear:
     """A drafter linear: its weight tensor and how it is stored."""
@@ -61,9 +50,11 @@ class Linear:
     module: str  # checkpoint name without parameter suffix
     weight: str  # tensor name holding the weight
     stored: Stored
-    shape: tuple[int, ...]  # logical [out, in] (or [E, a, b] for fused experts)
+    # logical [out, in] (or [E, a, b] for fused experts); the stored shape while `bits` is None
+    shape: tuple[int, ...]
     aux: tuple[str, ...] = ()  # scale tensors that belong to the stored format
     declared_layout: ScaleLayout | None = None  # set where the source's dialect needs its own
+    bits: int | None = None  # bits a weight as stored; None where only the quant config says it
 
     @property
     def is_expert(self) -> bool:
@@ -293,28 +284,28 @@ def _drafter_linears(
     linears = []
     for name in drafter:
         info = tensors[name]
-        stored, aux = classify_weight(name, tensors)
-        if stored == "nvfp4" and tensors[aux[0]].dtype == "U8":  # NVFP4 scales are F8_E4M3: MXFP4
-            if name.endswith(".weight_scale"):
-                continue  # the U8 (E8M0) scale itself: its packed weight raises
+        found = _storage_of(name, tensors)
+        if found is None:
+            continue
+        module = module_of(name)
+        # a packed storage: the producer packs only linears (its name and siblings say it is one)
+        if found.stored in (Stored.NVFP4, Stored.NVFP4_CT) and len(info.shape) != 2:
             raise LayoutError(
-                f"{name}: an MXFP4 drafter weight (U8 E8M0 weight_scale); mtpconv converts BF16 and "
-                "NVFP4 drafters only: convert the BF16 release (or dequantize the drafter first)."
+                f"{name}: NVFP4 drafter weights must be 2-D packed [out, in/2]; got "
+                f"{list(info.shape)}. This layout is not supported yet."
             )
-        if stored == "nvfp4":
-            if not name.endswith((".weight", _CT_PACKED)) or len(info.shape) != 2:
-                raise LayoutError(
-                    f"{name}: NVFP4 drafter weights must be 2-D packed [out, in/2]; got "
-                    f"{list(info.shape)}. This layout is not supported yet."
-                )
-            shape: tuple[int, ...] = (info.shape[0], info.shape[1] * 2)
-        elif stored in ("plain", "fp8") and _is_linear_weight(name, info, extra):
-            shape = info.shape
-        else:
+        if found.stored not in _STORAGE and not _is_linear_weight(name, info, extra):
             continue
-        last = module_of(name).rsplit(".", 1)[-1]
-        if last in _NOT_LINEAR:
+        if module.rsplit(".", 1)[-1] in _NOT_LINEAR:
             continue
-        kind = Stored.NVFP4_CT if stored == "nvfp4" and name.endswith(_CT_PACKED) else Stored(stored)
-        linears.append(Linear(module=module_of(name), weight=name, stored=kind, shape=shape, aux=aux))
+        linears.append(
+            Linear(
+                module=module,
+                weight=name,
+                stored=found.stored,
+                shape=found.logical or info.shape,
+                aux=found.aux,
+                bits=found.bits,
+            )
+        )
     return linears

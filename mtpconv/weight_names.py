@@ -2,15 +2,17 @@
 
 Header-only rules shared by the layout detection, the audit and inspect: the module a
 tensor belongs to, whether a weight is a linear vLLM may quantize, and its storage
-(NVFP4 in either dialect, FP8, plain float). A 397B-class checkpoint has ~400k
-tensors, so these run per tensor and stay plain string operations.
+(`STORAGES`: one row per producer layout, read from the producer's tensor names and
+dtypes). A 397B-class checkpoint has ~400k tensors, so these run per tensor and stay
+plain string operations.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from enum import Enum
 
 from mtpconv.checkpoint.safetensors_io import FLOAT_DTYPES, TensorInfo
 
@@ -28,12 +30,178 @@ _EXPERT_W = re.compile(r"\.experts\.\d+\.w[123]$")  # per-expert w1/w2/w3 (Kimi-
 # compressed-tensors names: the packed NVFP4 weight and its float32 global scales.
 CT_PACKED = ".weight_packed"
 _CT_SUFFIXES = (CT_PACKED, ".weight_global_scale", ".input_global_scale")
+_FP8_DTYPES = frozenset({"F8_E4M3", "F8_E5M2"})
+_INT_DTYPES = frozenset({"I32", "I64"})
+_FLOAT_BITS = {"F64": 64, "F32": 32, "F16": 16, "BF16": 16}
+
+
+class Stored(str, Enum):
+    """How a linear's weight is stored (a `STORAGES` row, or plain / FP8)."""
+
+    PLAIN = "plain"  # a float tensor (BF16, F16, F32, F64)
+    NVFP4 = "nvfp4"  # ModelOpt: packed U8 ``weight`` + E4M3 ``weight_scale`` + ``weight_scale_2``
+    # compressed-tensors: ``weight_packed`` + ``weight_scale`` + ``weight_global_scale``
+    NVFP4_CT = "nvfp4_ct"
+    MXFP4 = "mxfp4"  # packed U8 ``weight`` + U8 (E8M0) ``weight_scale``
+    MXFP4_CT = "mxfp4_ct"  # compressed-tensors ``mxfp4-pack-quantized``
+    INT_CT = "int_ct"  # compressed-tensors ``pack-quantized`` (llm-compressor W4A16 / W8A16)
+    INT_GPTQ = "int_gptq"  # GPTQ / AWQ ``qweight`` + ``qzeros`` + ``scales``
+    FP8 = "fp8"  # already FP8: the checkpoint is a variant, not a source
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class StorageFormat(str, Enum):
+    """A storage as the audit compares it with a declared algorithm (dialects folded together)."""
+
+    NVFP4 = "nvfp4"
+    MXFP4 = "mxfp4"
+    INT = "int"  # packed integers (compressed-tensors pack-quantized, GPTQ/AWQ)
+    FP8 = "fp8"
+    PLAIN = "plain"
+
+
+Shapes = Mapping[str, tuple[int, ...]]  # a weight's sibling tensors' shapes, by leaf
+
+
+@dataclass(frozen=True)
+class Storage:
+    """One producer's tensor layout of a quantized linear weight, read from its headers."""
+
+    stored: Stored
+    label: str  # how it is named to the user
+    weight: str  # the weight tensor's leaf
+    dtypes: frozenset[str]  # the weight tensor's dtypes
+    needs: Mapping[str, frozenset[str] | None]  # sibling leaves that must be there (-> dtypes; None: any)
+    aux: tuple[str, ...]  # sibling leaves that belong to it (scales, zero points, shapes), as found
+    bits: Callable[[Shapes], int | None]  # bits a weight; None where only the config says it
+    logical: Callable[[Shapes, int], tuple[int, ...]]  # the unpacked [out, in] from the headers and bits
+    fmt: StorageFormat  # what the audit compares with a declaration
+    readable: bool  # mtpconv dequantizes it
+
+
+def _packed_last(shapes: Shapes, bits: int, leaf: str, width: int) -> tuple[int, ...]:
+    """``bits``-wide values packed ``width`` bits at a time along the last dimension."""
+    *lead, cols = shapes[leaf]
+    return (*lead, cols * width // bits)
+
+
+def _ct_int_bits(shapes: Shapes) -> int | None:
+    """pack-quantized: an asymmetric zero point is packed along the output rows
+    (``[ceil(out * bits / 32), groups]``); a symmetric weight's width is only in the config."""
+    zero = shapes.get("weight_zero_point")
+    out = shapes["weight_packed"][-2]
+    return None if zero is None or len(zero) < 2 else 32 * zero[-2] // max(out, 1)
+
+
+def _gptq_bits(shapes: Shapes) -> int | None:
+    """GPTQ and AWQ both pack ``qzeros`` ``[groups, out * bits / 32]`` (``scales``: ``[groups, out]``)."""
+    return 32 * shapes["qzeros"][-1] // max(shapes["scales"][-1], 1)
+
+
+def _gptq_logical(shapes: Shapes, bits: int) -> tuple[int, ...]:
+    """GPTQ packs ``qweight`` along the input (``[in * bits / 32, out]``), AWQ along the
+    output (``[in, out * bits / 32]``); ``scales`` ``[groups, out]`` tells them apart."""
+    rows, cols = shapes["qweight"][-2:]
+    out = shapes["scales"][-1]
+    return (out, rows * 32 // bits) if cols == out else (out, rows)
+
+
+_U8 = frozenset({"U8"})
+_E4M3 = frozenset({"F8_E4M3"})
+# Every sub-8-bit (and packed) storage mtpconv recognises; plain and FP8 weights are read by dtype.
+STORAGES: tuple[Storage, ...] = (
+    Storage(
+        Stored.NVFP4_CT,
+        "NVFP4 (4-bit, compressed-tensors)",
+        "weight_packed",
+        _U8,
+        {"weight_scale": _E4M3},
+        ("weight_scale", "weight_global_scale", "input_global_scale"),
+        lambda _: 4,
+        lambda sh, b: _packed_last(sh, b, "weight_packed", 8),
+        StorageFormat.NVFP4,
+        readable=True,
+    ),
+    Storage(
+        Stored.NVFP4,
+        "NVFP4 (4-bit, ModelOpt)",
+        "weight",
+        _U8,
+        {"weight_scale": _E4M3},
+        ("weight_scale", "weight_scale_2", "input_scale"),
+        lambda _: 4,
+        lambda sh, b: _packed_last(sh, b, "weight", 8),
+        StorageFormat.NVFP4,
+        readable=True,
+    ),
+    Storage(
+        Stored.MXFP4_CT,
+        "MXFP4 (4-bit, compressed-tensors)",
+        "weight_packed",
+        _U8,
+        {"weight_scale": _U8},
+        ("weight_scale", "input_global_scale"),
+        lambda _: 4,
+        lambda sh, b: _packed_last(sh, b, "weight_packed", 8),
+        StorageFormat.MXFP4,
+        readable=False,
+    ),
+    Storage(
+        Stored.MXFP4,
+        "MXFP4 (4-bit)",
+        "weight",
+        _U8,
+        {"weight_scale": _U8},
+        ("weight_scale", "input_scale"),
+        lambda _: 4,
+        lambda sh, b: _packed_last(sh, b, "weight", 8),
+        StorageFormat.MXFP4,
+        readable=False,
+    ),
+    Storage(
+        Stored.INT_CT,
+        "INT (compressed-tensors pack-quantized)",
+        "weight_packed",
+        frozenset({"I32"}),
+        {"weight_scale": None, "weight_shape": _INT_DTYPES},
+        ("weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx", "input_global_scale"),
+        _ct_int_bits,
+        lambda sh, b: _packed_last(sh, b, "weight_packed", 32),
+        StorageFormat.INT,
+        readable=False,
+    ),
+    Storage(
+        Stored.INT_GPTQ,
+        "INT (GPTQ/AWQ qweight)",
+        "qweight",
+        frozenset({"I32"}),
+        {"qzeros": frozenset({"I32"}), "scales": None},
+        ("qzeros", "scales", "g_idx", "bias"),
+        _gptq_bits,
+        _gptq_logical,
+        StorageFormat.INT,
+        readable=False,
+    ),
+)
+STORAGE = {s.stored: s for s in STORAGES}
+_WEIGHT_LEAVES = frozenset({"weight"} | {s.weight for s in STORAGES})
+_BY_LEAF: dict[str, tuple[Storage, ...]] = {
+    leaf: tuple(s for s in STORAGES if s.weight == leaf) for leaf in {s.weight for s in STORAGES}
+}
+
+
+def storage_label(stored: Stored, bits: int | None) -> str:
+    """How a storage is named to the user: ``INT4 (compressed-tensors pack-quantized)``."""
+    label = STORAGE[stored].label if stored in STORAGE else str(stored).upper()
+    return label.replace("INT ", f"INT{bits} ", 1) if bits is not None and label.startswith("INT ") else label
 
 
 _PARAM_LEAVES = frozenset(
     s.lstrip(".")
     for s in (".weight", ".weight_scale", ".weight_scale_2", ".input_scale", ".bias", *_CT_SUFFIXES)
-)
+) | {leaf for s in STORAGES for leaf in (s.weight, *s.aux)}
 
 
 def module_of(tensor: str) -> str:
@@ -42,36 +210,54 @@ def module_of(tensor: str) -> str:
     return module if dot and leaf in _PARAM_LEAVES else tensor
 
 
-def classify_weight(name: str, tensors: Mapping[str, TensorInfo]) -> tuple[str, tuple[str, ...]]:
-    """How a weight tensor is stored: ("nvfp4"|"fp8"|"plain"|"other", its scale tensors).
+@dataclass(frozen=True)
+class WeightStorage:
+    """How one weight tensor is stored: its `Stored` kind, the tensors that belong to it, its
+    bit width (None: only the config says) and its unpacked shape (None until the width is known)."""
 
-    NVFP4 covers both storages (ModelOpt ``weight``, compressed-tensors ``weight_packed``);
-    a drafter `Linear.stored` tells them apart.
-    """
+    stored: Stored
+    aux: tuple[str, ...]
+    bits: int | None
+    logical: tuple[int, ...] | None
+
+    @property
+    def fmt(self) -> StorageFormat:
+        """The storage format the audit compares with a declaration."""
+        return STORAGE[self.stored].fmt if self.stored in STORAGE else StorageFormat(self.stored.value)
+
+
+def storage_of(name: str, tensors: Mapping[str, TensorInfo]) -> WeightStorage | None:
+    """How the weight tensor ``name`` is stored (None: not a weight mtpconv knows a storage of)."""
     info = tensors[name]
-    module = module_of(name)
-    if info.dtype == "U8" and name.endswith(CT_PACKED) and f"{module}.weight_scale" in tensors:
-        aux = tuple(
-            f"{module}.{s}"
-            for s in ("weight_scale", "weight_global_scale", "input_global_scale")
-            if f"{module}.{s}" in tensors
+    module, _, leaf = name.rpartition(".")
+    for storage in _BY_LEAF.get(leaf, ()):
+        if info.dtype not in storage.dtypes or not all(
+            f"{module}.{sib}" in tensors and (dts is None or tensors[f"{module}.{sib}"].dtype in dts)
+            for sib, dts in storage.needs.items()
+        ):
+            continue
+        aux = tuple(f"{module}.{a}" for a in storage.aux if f"{module}.{a}" in tensors)
+        shapes = {storage.weight: info.shape, **{a.rpartition(".")[2]: tensors[a].shape for a in aux}}
+        bits = storage.bits(shapes)
+        return WeightStorage(
+            storage.stored, aux, bits, None if bits is None else storage.logical(shapes, bits)
         )
-        return "nvfp4", aux
-    if info.dtype == "U8" and f"{module}.weight_scale" in tensors:
+    base = module_of(name)
+    if info.dtype in _FP8_DTYPES:
         aux = tuple(
-            f"{module}.{s}"
-            for s in ("weight_scale", "weight_scale_2", "input_scale")
-            if f"{module}.{s}" in tensors
+            n for n in (f"{base}.weight_scale", f"{base}.input_scale", f"{name}_scale") if n in tensors
         )
-        return "nvfp4", aux
-    if info.dtype in ("F8_E4M3", "F8_E5M2"):
-        aux = tuple(
-            n for n in (f"{module}.weight_scale", f"{module}.input_scale", f"{name}_scale") if n in tensors
-        )
-        return "fp8", aux
+        return WeightStorage(Stored.FP8, aux, 8, info.shape)
     if info.dtype in FLOAT_DTYPES:
-        return "plain", ()
-    return "other", ()
+        return WeightStorage(Stored.PLAIN, (), _FLOAT_BITS.get(info.dtype), info.shape)
+    return None
+
+
+def classify_weight(name: str, tensors: Mapping[str, TensorInfo]) -> tuple[str, tuple[str, ...]]:
+    """How a weight tensor is stored, as the audit's storage format ("nvfp4" | "mxfp4" | "int" |
+    "fp8" | "plain", or "other"), and the tensors that belong to it (`storage_of` for the rest)."""
+    found = storage_of(name, tensors)
+    return ("other", ()) if found is None else (found.fmt.value, found.aux)
 
 
 def is_linear_weight(name: str, info: TensorInfo, extra: Collection[str] = ()) -> bool:
@@ -102,7 +288,7 @@ def linear_modules(tensors: Mapping[str, TensorInfo]) -> dict[str, str]:
     for name, info in tensors.items():
         if name.endswith((".weight_scale", ".weight_scale_2", ".input_scale", "_scale")):
             continue
-        is_weight = name.endswith((".weight", CT_PACKED)) or _FUSED_EXPERTS.search(name)
+        is_weight = name.rpartition(".")[2] in _WEIGHT_LEAVES or _FUSED_EXPERTS.search(name)
         if not is_weight or len(info.shape) < 2:
             continue
         last = module_of(name).rsplit(".", 1)[-1]

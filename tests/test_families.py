@@ -250,8 +250,9 @@ def test_an_mxfp4_kimi_k3_drafter_is_refused_not_read_as_nvfp4(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Kimi-K3's loader reads compressed-tensors ``weight_packed`` experts (MXFP4: U8 E8M0
-    ``weight_scale``, no global scale). mtpconv must not read them as NVFP4: inspect and
-    quantize-mtp fail with one error naming the tensor and the format, writing nothing."""
+    ``weight_scale``, no global scale). mtpconv must not read them as NVFP4: inspect warns
+    that the drafter is stored MXFP4; quantize-mtp, asked for FP8 or not, fails with one
+    error naming the format (and a tensor, where FP8 was asked for), writing nothing."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -276,8 +277,14 @@ def test_an_mxfp4_kimi_k3_drafter_is_refused_not_read_as_nvfp4(
     index["weight_map"] = weight_map
     (src / "model.safetensors.index.json").write_text(json.dumps(index))
     packed = f"language_model.model.layers.{LAYERS}.block_sparse_moe.experts."  # one expert's weight_packed
-    for argv in (["inspect", str(src)], ["quantize-mtp", str(src), str(tmp_path / "dst")]):
-        code, _, err = run_cli(argv, capsys)
-        assert code == 1 and err.count("Error:") == 1, err
-        assert "MXFP4" in err and packed in err and ".weight_packed" in err, err
+    code, out, err = run_cli(["inspect", str(src), "--json"], capsys)
+    assert code == 0, err
+    (low,) = [f for f in json.loads(out)["findings"] if f["code"] == "drafter-below-8-bit"]
+    assert "MXFP4 (4-bit, compressed-tensors)" in low["message"] and "as FP8" in low["message"]
+    dst = str(tmp_path / "dst")
+    for argv in (["quantize-mtp", src, dst], ["quantize-mtp", src, dst, "--fp8-from-4bit"]):
+        code, _, err = run_cli([str(a) for a in argv], capsys)
+        assert code == 1 and err.count("Error:") == 1 and "Traceback" not in err, err
+        assert "mtpconv cannot read MXFP4 (4-bit, compressed-tensors) drafters yet" in err, err
+        assert packed in err and ".weight_packed" in err, err
     assert not (tmp_path / "dst").exists()

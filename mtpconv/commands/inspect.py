@@ -20,7 +20,12 @@ from mtpconv.families import vllm_quantizable
 from mtpconv.findings import Finding, Severity
 from mtpconv.gc_pause import paused_gc
 from mtpconv.layouts import MtpLayout, Stored, classify_weight, detect_layout, module_of
-from mtpconv.low_bit_drafter import CODE_LOW_BIT_DRAFTER, low_bit_drafter
+from mtpconv.low_bit_drafter import (
+    CODE_LOW_BIT_DRAFTER,
+    CODE_UNREADABLE_DRAFTER,
+    low_bit_drafter,
+    unreadable_drafter,
+)
 from mtpconv.manifest import DRAFT_VOCAB_IDS_NAME, Manifest, read_manifest
 from mtpconv.quantconfig.audit import audit_quant_configs
 from mtpconv.quantconfig.compressed_tensors import with_declared_layouts
@@ -285,15 +290,19 @@ def _inspect(spec: str, revision: str | None, draft_vocab_size: int) -> InspectR
     # sized with the scales quantize-mtp would store for this dialect
     declared = replace(layout, linears=with_declared_layouts(configs, layout.linears))
     low_bit = low_bit_drafter(declared, files.tensors) if manifest is None else None
+    unreadable = unreadable_drafter(declared) if manifest is None else None
     if low_bit is not None:
+        refusal = "quantize-mtp refuses it unless FP8 is asked for explicitly"
         findings.append(
             Finding(
                 Severity.WARNING,
                 CODE_LOW_BIT_DRAFTER,
                 "mtp",
-                f"{low_bit.describe()}: quantize-mtp refuses it unless FP8 is asked for explicitly.",
+                f"{low_bit.describe()}: {refusal if unreadable is None else unreadable}.",
             )
         )
+    elif unreadable is not None:
+        findings.append(Finding(Severity.WARNING, CODE_UNREADABLE_DRAFTER, "mtp", f"{unreadable}."))
     known = CheckpointModules.of(files.tensors)
     findings += audit_quant_configs(
         configs,

@@ -28,7 +28,7 @@ from mtpconv.errors import ConversionError, interruptible
 from mtpconv.gc_pause import paused_gc
 from mtpconv.jsonio import read_json
 from mtpconv.layouts import MtpLayout, detect_layout, module_of
-from mtpconv.low_bit_drafter import low_bit_drafter
+from mtpconv.low_bit_drafter import low_bit_drafter, unreadable_drafter
 from mtpconv.manifest import check_draft_window, read_manifest
 from mtpconv.plan import ConversionPlan, build_plan, check_destination
 from mtpconv.quantconfig.compressed_tensors import with_declared_layouts
@@ -218,11 +218,17 @@ def quantize_mtp(
     check_destination(source.directory, dst_path)
     layout = replace(layout, linears=with_declared_layouts(configs, layout.linears))
     low_bit = low_bit_drafter(layout, files.tensors)
+    unreadable = unreadable_drafter(layout)
     if low_bit is not None and not fp8_from_4bit:
-        raise ConversionError(
-            f"{low_bit.describe()}. Nothing was written; to convert it anyway, ask quantize-mtp "
-            "for FP8 from a 4-bit drafter explicitly (mtpconv quantize-mtp --help)."
+        anyway = (
+            f"and {unreadable}"
+            if unreadable is not None
+            else "to convert it anyway, ask quantize-mtp for FP8 from a 4-bit drafter explicitly "
+            "(mtpconv quantize-mtp --help)"
         )
+        raise ConversionError(f"{low_bit.describe()}. Nothing was written; {anyway}.")
+    if unreadable is not None:
+        raise ConversionError(f"{unreadable}. Nothing was written.")
     with paused_gc():
         plan = build_plan(
             files,

@@ -4,8 +4,8 @@ Stable finding codes of `audit_quant_configs`:
 
 - ``plain-declared-quantized``: stored plain, declared quantized (the mtp.fc gap): error;
   warning for Qwen MoE router gates, which vLLM never quantizes
-- ``quantized-declared-plain``: stored NVFP4/FP8, excluded or not declared quantized: error
-- ``quant-format-mismatch``: stored NVFP4 but declared FP8, or the reverse: error
+- ``quantized-declared-plain``: stored NVFP4/MXFP4/INT/FP8, excluded or not declared quantized: error
+- ``quant-format-mismatch``: stored in one format but declared another (NVFP4 vs FP8 ...): error
 - ``quant-configs-disagree``: config.json vs hf_quant_config.json differ (names the keys): warning
 - ``unused-exclusion``: an exclusion pattern matches no module: info
 - ``quant-config-invalid``: a config cannot be read (malformed keys): error
@@ -40,7 +40,7 @@ CODE_METHOD_UNSUPPORTED = "quant-method-unsupported"
 # Router gates: vLLM's Qwen3-Next / Qwen3.5 MoE blocks build them with no quant config.
 _ROUTER_GATES = (".mlp.gate", ".mlp.shared_expert_gate")
 _SUPPORTED_METHODS = ("modelopt", "compressed-tensors", "fp8", NO_QUANT)
-_QUANTIZED = (StorageFormat.NVFP4, StorageFormat.FP8)
+_QUANTIZED = (StorageFormat.NVFP4, StorageFormat.MXFP4, StorageFormat.INT, StorageFormat.FP8)
 
 
 def _disagreements(a: DeclaredQuant, b: DeclaredQuant) -> list[str]:
@@ -118,8 +118,8 @@ def audit_quant_configs(
 ) -> list[Finding]:
     """Compare what the configs declare with what the tensors are.
 
-    ``stored`` maps every linear-ish module to a `StorageFormat` value ("nvfp4" | "fp8" |
-    "plain"). ``all_modules`` (optional) widens the set used to decide whether an exclusion
+    ``stored`` maps every linear-ish module to a `StorageFormat` value ("nvfp4" | "mxfp4" |
+    "int" | "fp8" | "plain"). ``all_modules`` (optional) widens the set used to decide whether an exclusion
     pattern matches anything. ``plugin_drafter``: the checkpoint is an mtpconv variant whose
     FP8 drafter is served by the mtpconv plugin, so drafter modules stored FP8 and excluded
     are expected. A config that cannot be read becomes a finding, never an exception.

@@ -28,11 +28,12 @@ from typing import Any
 
 from mtpconv.errors import QuantConfigError
 from mtpconv.formats.scale_layout import ScaleLayout
-from mtpconv.layouts import Linear
+from mtpconv.layouts import Linear, Stored
 from mtpconv.names import drafter_alias
 from mtpconv.quantconfig.declarations import DeclaredQuant, all_declarations, declared_algorithm
 from mtpconv.quantconfig.documents import QuantConfigs, quant_location
 from mtpconv.quantconfig.match import ExclusionPattern, ModuleSet, ct_expert_names
+from mtpconv.weight_names import STORAGE
 
 METHOD = "compressed-tensors"
 DRAFTER_GROUP = "mtpconv_fp8_drafter"
@@ -73,8 +74,9 @@ def declares_compressed_tensors(configs: QuantConfigs) -> bool:
 
 def with_declared_layouts(configs: QuantConfigs, linears: Iterable[Linear]) -> list[Linear]:
     """The drafter linears with the scale layout a compressed-tensors drafter group needs
-    (``[out, 1]`` per channel; ``[E, out, 1]`` for a fused 3-D expert tensor); unchanged when
-    the source is not compressed-tensors.
+    (``[out, 1]`` per channel; ``[E, out, 1]`` for a fused 3-D expert tensor), and the bit
+    width the source's config declares where the weights' headers do not tell it; unchanged
+    when the source is not compressed-tensors.
 
     Fused experts stay fused: vLLM's routed-experts loader (``RoutedExperts.load_weights``,
     ``include_fused``) splits a 3-D ``experts.gate_up_proj`` / ``experts.down_proj`` into
@@ -85,7 +87,24 @@ def with_declared_layouts(configs: QuantConfigs, linears: Iterable[Linear]) -> l
     linears = list(linears)
     if not declares_compressed_tensors(configs):
         return linears
-    return [replace(lin, declared_layout=ScaleLayout.PER_CHANNEL_COLUMN) for lin in linears]
+    decl = all_declarations(configs)[0]
+    return [
+        replace(lin, declared_layout=ScaleLayout.PER_CHANNEL_COLUMN, **_declared_width(decl, lin))
+        for lin in linears
+    ]
+
+
+def _declared_width(decl: DeclaredQuant, lin: Linear) -> dict[str, Any]:
+    """A symmetric ``pack-quantized`` weight's bit width, which only its config group states
+    (``num_bits``, as vLLM's ``CompressedTensorsWNA16`` reads it), and its unpacked shape."""
+    if lin.bits is not None or lin.stored is not Stored.INT_CT:
+        return {}
+    algo = declared_algorithm(decl, lin.module) or ""
+    if not algo.startswith("INT") or not algo[3:].isdigit():
+        return {}
+    bits = int(algo[3:])
+    storage = STORAGE[lin.stored]
+    return {"bits": bits, "shape": storage.logical({storage.weight: lin.shape}, bits)}
 
 
 def asked_modules(modules: Iterable[str]) -> list[str]:

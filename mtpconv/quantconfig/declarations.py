@@ -15,24 +15,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from mtpconv.errors import QuantConfigError
 from mtpconv.names import VISION_MARKERS, drafter_alias
 from mtpconv.quantconfig.documents import HF_QUANT_JSON, QuantConfigs, quant_location
 from mtpconv.quantconfig.match import ExclusionMatcher, ct_expert_name
+from mtpconv.weight_names import StorageFormat as StorageFormat
 
 _HEAD_LEAVES = frozenset({"lm_head", "draft_lm_head", "head"})
+_CT_INT = re.compile(r"INT\d+")  # compressed-tensors integer weights (`_ct_algo`)
 _NVFP4_ALGOS = frozenset({"NVFP4", "W4A16_NVFP4", "NVFP4_AWQ", "NVFP4_SVD", "W4A8_NVFP4_FP8"})
-
-
-class StorageFormat(str, Enum):
-    """How a module's weight is stored (the values `layouts.linear_modules` reports)."""
-
-    NVFP4 = "nvfp4"
-    FP8 = "fp8"
-    PLAIN = "plain"
 
 
 @dataclass
@@ -152,8 +145,8 @@ def _ct_algo(scheme: Any) -> str | None:
     if not isinstance(weights, dict):
         return None
     bits, kind = weights.get("num_bits"), weights.get("type")
-    if kind == "float" and bits == 4:
-        return "NVFP4"
+    if kind == "float" and bits == 4:  # vLLM tells them apart by group size (16 vs 32)
+        return "MXFP4" if weights.get("group_size") == 32 else "NVFP4"
     if kind == "float" and bits == 8:
         return "FP8"
     if kind == "int" and isinstance(bits, int):
@@ -314,14 +307,19 @@ def declared_algorithm(decl: DeclaredQuant, module: str) -> str | None:
 
 
 def storage_format_of_algorithm(algo: str | None) -> StorageFormat | None:
-    """The storage format an algorithm implies (NVFP4 or FP8); None when unknown or unquantized."""
+    """The storage format an algorithm implies (NVFP4, MXFP4, FP8, INT); None when unknown or
+    unquantized."""
     if algo is None:
         return None
     a = algo.upper()
     if a in _NVFP4_ALGOS:
         return StorageFormat.NVFP4
+    if a == "MXFP4":
+        return StorageFormat.MXFP4
     if a.startswith("FP8"):
         return StorageFormat.FP8
+    if _CT_INT.fullmatch(a):
+        return StorageFormat.INT
     return None
 
 

@@ -161,7 +161,9 @@ def test_lm_head_exclusion_also_declares_draft_head_unquantized() -> None:
         ("w4a16_nvfp4", StorageFormat.NVFP4),
         ("FP8", StorageFormat.FP8),
         ("FP8_PB_WO", StorageFormat.FP8),
-        ("INT4", None),
+        ("INT4", StorageFormat.INT),  # compressed-tensors pack-quantized W4A16
+        ("MXFP4", StorageFormat.MXFP4),
+        ("INT4_AWQ", None),  # ModelOpt's: not a layout mtpconv reads
         ("MIXED_PRECISION", None),
         (None, None),
     ],
