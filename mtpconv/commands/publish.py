@@ -92,6 +92,29 @@ class PublishPlan:
     def total_bytes(self) -> int:
         return sum(item.size for item in self.items)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as ``publish --dry-run --json`` prints it."""
+        return {
+            "directory": str(self.directory),
+            "repo_id": self.repo_id,
+            "private": self.private,
+            "revision": self.revision,
+            "create_pr": self.create_pr,
+            "commit_message": self.commit_message,
+            "total_bytes": self.total_bytes,
+            "files": [
+                {
+                    "path": item.path_in_repo,
+                    "size": item.size,
+                    "generated": item.local is None,
+                    "sha256": item.sha256,
+                }
+                for item in self.items
+            ],
+            "card": self.card,
+            "dry_run": True,
+        }
+
 
 @dataclass
 class PublishResult:
@@ -101,6 +124,22 @@ class PublishResult:
     repo_url: str | None = None
     commit_url: str | None = None
     pr_url: str | None = None
+
+    @property
+    def url(self) -> str:
+        """The most specific place the upload landed: the pull request, the commit, the repo."""
+        return self.pr_url or self.commit_url or self.repo_url or self.plan.repo_id
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as ``publish --json`` prints it: the plan, uploaded, and its URLs."""
+        return {
+            **self.plan.to_dict(),
+            "dry_run": False,
+            "url": self.url,
+            "repo_url": self.repo_url,
+            "commit_url": self.commit_url,
+            "pr_url": self.pr_url,
+        }
 
 
 def default_repo_name(manifest: Manifest) -> str:

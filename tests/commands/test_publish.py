@@ -8,6 +8,7 @@ function that fails the test), and sockets refuse to connect.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -406,6 +407,31 @@ def test_cli_publish_prints_the_commit_url(
     assert "Uploading 7 files" in err and "Published org/x." in err
     assert api.calls[0][2] == {"token": TOKEN, "private": True, "exist_ok": True}
     assert TOKEN not in out + err
+
+
+def test_cli_dry_run_json_is_the_plan(variant: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(["publish", str(variant), "--dry-run", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["dry_run"] is True and doc["repo_id"] == "<your-username>/Tiny-MTP-mtpfp8"
+    assert len(doc["files"]) == 7 and doc["total_bytes"] == sum(f["size"] for f in doc["files"])
+    card = [f for f in doc["files"] if f["path"] == "README.md"]
+    assert card == [
+        {"path": "README.md", "size": len(doc["card"].encode()), "generated": True, "sha256": None}
+    ]
+    assert "base_model: acme/Tiny-MTP" in doc["card"]
+
+
+def test_cli_json_is_the_result(
+    variant: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(publish_cmd, "make_api", RecordingApi)
+    code, out, err = _run(["publish", str(variant), "--repo-id", "org/x", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["dry_run"] is False and doc["repo_id"] == "org/x"
+    assert doc["url"] == doc["commit_url"] == "https://huggingface.co/org/x/commit/c0ffee"
+    assert len(doc["files"]) == 7 and "Published" not in err
 
 
 def test_cli_quiet_prints_only_data(
