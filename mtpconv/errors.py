@@ -63,6 +63,11 @@ class ManifestError(MtpconvError):
     """mtpconv.json is missing, malformed or disagrees with the files."""
 
 
+class VerifyError(MtpconvError):
+    """A directory is not the complete, unmodified variant its manifest describes
+    (``verify``; ``publish`` checks the same before it uploads)."""
+
+
 class PublishError(MtpconvError):
     """The variant cannot be published."""
 

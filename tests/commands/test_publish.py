@@ -20,7 +20,7 @@ from mtpconv import __version__
 from mtpconv.cli import main
 from mtpconv.commands import publish as publish_cmd
 from mtpconv.commands.publish import PublishPlan, PublishResult, plan_publish, upload_plan
-from mtpconv.errors import ManifestError, PublishError
+from mtpconv.errors import ManifestError, PublishError, VerifyError
 from mtpconv.manifest import read_manifest, write_manifest
 from mtpconv.model_card import build_model_card
 from tests.publish_support import TOKEN, RecordingApi, isolate_hub, make_variant  # noqa: F401
@@ -277,12 +277,12 @@ def test_dry_run_with_repo_id_uses_it(variant: Path) -> None:
 
 def test_refuses_directory_without_manifest(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(PublishError, match="no mtpconv.json"):
+    with pytest.raises(VerifyError, match="no mtpconv.json"):
         verify(tmp_path)
 
 
 def test_refuses_missing_directory(tmp_path: Path) -> None:
-    with pytest.raises(PublishError, match="is not a directory"):
+    with pytest.raises(VerifyError, match="is not a directory"):
         verify(tmp_path / "nope")
 
 
@@ -295,13 +295,13 @@ def test_refuses_malformed_manifest(variant: Path) -> None:
 def test_refuses_tampered_file_naming_it(variant: Path) -> None:
     with open(variant / "config.json", "a") as f:
         f.write(" ")
-    with pytest.raises(PublishError, match=r"^config\.json in .* does not match its sha256"):
+    with pytest.raises(VerifyError, match=r"^config\.json in .* does not match its sha256"):
         verify(variant)
 
 
 def test_refuses_missing_file_naming_it(variant: Path) -> None:
     os.remove(variant / "model-00002-of-00002.safetensors")
-    with pytest.raises(PublishError, match="missing model-00002-of-00002.safetensors"):
+    with pytest.raises(VerifyError, match="missing model-00002-of-00002.safetensors"):
         verify(variant)
 
 
@@ -309,7 +309,7 @@ def test_refuses_unlisted_files_naming_them(variant: Path) -> None:
     (variant / ".DS_Store").write_bytes(b"junk")
     (variant / "sub").mkdir()
     (variant / "sub" / "notes.txt").write_text("x")
-    with pytest.raises(PublishError, match=r"not listed in mtpconv.json: \.DS_Store, sub/notes"):
+    with pytest.raises(VerifyError, match=r"not listed in mtpconv.json: \.DS_Store, sub/notes"):
         verify(variant)
 
 
@@ -331,7 +331,7 @@ def test_refuses_index_shard_not_in_manifest(tmp_path: Path) -> None:
     del manifest.files["model-00002-of-00002.safetensors"]
     os.remove(directory / "model-00002-of-00002.safetensors")
     write_manifest(directory, manifest)
-    with pytest.raises(PublishError, match="references shards .* model-00002-of-00002"):
+    with pytest.raises(VerifyError, match="references shards .* model-00002-of-00002"):
         verify(directory)
 
 
