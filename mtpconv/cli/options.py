@@ -232,12 +232,11 @@ def _hub_repo_id(value: str | None) -> str | None:
     """A usage error (exit 2, before anything is read) for a malformed Hub repo id."""
     if value is None:
         return None
-    from huggingface_hub.utils._validators import validate_repo_id
+    from mtpconv.commands.publish import repo_id_problem
 
-    try:
-        validate_repo_id(value)
-    except ValueError as exc:
-        raise typer.BadParameter(f"{value!r} is not a valid Hub repo id ({exc}).") from None
+    problem = repo_id_problem(value)
+    if problem is not None:
+        raise typer.BadParameter(f"{problem}.")
     return value
 
 

@@ -318,14 +318,24 @@ def _validate_repo_id(repo_id: str) -> None:
     validate_hub_repo_id(repo_id, "--repo-id USER/NAME")
 
 
-def validate_hub_repo_id(repo_id: str, flag: str) -> None:
-    """Raise `PublishError` unless ``repo_id`` is a valid Hub repo id (``flag``: what to pass)."""
-    from huggingface_hub.utils._validators import validate_repo_id
+def repo_id_problem(repo_id: str) -> str | None:
+    """Why ``repo_id`` is not a valid Hub repo id, as a clause (huggingface_hub's own rule,
+    through its public ``validate_repo_id``); None when it is valid. The one repo-id check:
+    the CLI's ``--base-model`` and :func:`validate_hub_repo_id` both use it."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
         validate_repo_id(repo_id)
-    except ValueError as exc:
-        raise PublishError(f"{repo_id!r} is not a valid Hub repo id ({exc}); pass {flag}.") from None
+    except HFValidationError as exc:
+        return f"{repo_id!r} is not a valid Hub repo id ({exc})"
+    return None
+
+
+def validate_hub_repo_id(repo_id: str, flag: str) -> None:
+    """Raise `PublishError` unless ``repo_id`` is a valid Hub repo id (``flag``: what to pass)."""
+    problem = repo_id_problem(repo_id)
+    if problem is not None:
+        raise PublishError(f"{problem}; pass {flag}.")
 
 
 def _str_attr(obj: Any, name: str) -> str | None:
