@@ -322,7 +322,10 @@ def repo_id_problem(repo_id: str) -> str | None:
     """Why ``repo_id`` is not a valid Hub repo id, as a clause (huggingface_hub's own rule,
     through its public ``validate_repo_id``); None when it is valid. The one repo-id check:
     the CLI's ``--base-model`` and :func:`validate_hub_repo_id` both use it."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    from huggingface_hub.errors import HFValidationError
+
+    # Public (huggingface_hub.utils.__all__), but that list is built lazily, out of mypy's sight.
+    from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]
 
     try:
         validate_repo_id(repo_id)
