@@ -299,13 +299,12 @@ def fix_exclusions_cmd(
             "give a destination directory, or --in-place to edit SRC's JSON files "
             "(a .bak copy of each is kept)."
         )
-    from mtpconv.commands.fix_exclusions import fix_exclusions
+    from mtpconv.commands.fix_exclusions import IN_PLACE, fix_exclusions
 
     report = fix_exclusions(
         source,
-        destination,
+        IN_PLACE if destination is None else destination,
         revision=revision,
-        in_place=in_place,
         force=force,
         copy=copy,
         dry_run=dry_run,
