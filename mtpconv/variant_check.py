@@ -22,7 +22,7 @@ from mtpconv.manifest import EVAL_REPORT_NAME, MANIFEST_NAME, FileStamp, Manifes
 from mtpconv.model_card import CARD_NAME
 
 if TYPE_CHECKING:
-    from mtpconv.console import ProgressCallback
+    from mtpconv.progress import ProgressCallback
 
 # Never part of a variant and never uploaded (huggingface_hub's upload_folder skips them too).
 _IGNORED_DIRS = (".git", ".cache/huggingface")

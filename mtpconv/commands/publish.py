@@ -26,7 +26,7 @@ from mtpconv.units import human_bytes
 from mtpconv.variant_check import check_variant_structure, verify_variant_digests
 
 if TYPE_CHECKING:
-    from mtpconv.console import ProgressCallback
+    from mtpconv.progress import ProgressCallback
 
 VARIANT_SUFFIX = "-mtpfp8"
 USER_PLACEHOLDER = "<your-username>"

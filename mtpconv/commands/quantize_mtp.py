@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     import torch
 
     from mtpconv.formats.fp8_table import QuantError
-    from mtpconv.variant import Progress
+    from mtpconv.progress import ProgressCallback
 
 
 @dataclass
@@ -192,7 +192,7 @@ def quantize_mtp(
     copy: bool = False,
     draft_window: int | None = None,
     fp8_from_4bit: bool = False,
-    progress: Progress | None = None,
+    progress: ProgressCallback | None = None,
 ) -> ConversionReport:
     """Write the ``-mtpfp8`` variant of ``source_spec`` to ``dst`` (DESIGN §5).
 
