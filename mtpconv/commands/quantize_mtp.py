@@ -15,13 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from mtpconv.checkpoint.digests import HashAhead, known_lfs_digest, sha256_file
 from mtpconv.checkpoint.index import CheckpointFiles
-from mtpconv.checkpoint.source import (
-    Source,
-    load_files,
-    looks_like_repo_id,
-    remote_checkpoint,
-    resolve_source,
-)
+from mtpconv.checkpoint.source import Source, open_checkpoint
 from mtpconv.checkpoint.writer import atomic_output_dir
 from mtpconv.conversion_options import Device, HeadDtype
 from mtpconv.errors import ConversionError, interruptible
@@ -130,11 +124,7 @@ def _load(
     source_spec: str, revision: str | None, *, headers_only: bool = False
 ) -> tuple[Source, CheckpointFiles, QuantConfigs, MtpLayout]:
     """Resolve and validate the source; a Hub repo id with ``headers_only`` downloads no weights."""
-    if headers_only and looks_like_repo_id(source_spec):
-        source, files = remote_checkpoint(source_spec, revision)
-    else:
-        source = resolve_source(source_spec, revision)
-        files = load_files(source)
+    source, files = open_checkpoint(source_spec, revision, headers_only=headers_only)
     if read_manifest(source.directory) is not None:
         raise ConversionError(
             f"{source_spec} is already an -mtpfp8 variant (it has mtpconv.json); "
