@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -26,6 +26,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from mtpconv.progress import ProgressCallback
+
 # Re-exported: the renderers take every formatting helper from here.
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -40,14 +42,6 @@ def set_quiet(quiet: bool) -> None:
 
 def is_quiet() -> bool:
     return _state["quiet"]
-
-
-class ProgressCallback(Protocol):
-    """What long-running library functions call: ``advance(n)`` units of ``total``."""
-
-    def start(self, description: str, total: int) -> None: ...
-
-    def advance(self, n: int) -> None: ...
 
 
 class _NullProgress:

@@ -3,8 +3,8 @@
 Every message is a sentence a user can act on: it names the file, the tensor
 and what to do. The CLI turns any `MtpconvError` into a single `Error: ...`
 line on stderr and exit code 1. Two paths are written here once: the interrupt
-path (:func:`interruptible`) and the Hub-error map (:func:`hub_errors`), which
-every huggingface_hub call goes through.
+path (:func:`sigterm_interrupts`, :func:`interrupted`, :func:`interruptible`) and the
+Hub-error map (:func:`hub_errors`), which every huggingface_hub call goes through.
 """
 
 from __future__ import annotations
@@ -63,6 +63,11 @@ class ManifestError(MtpconvError):
     """mtpconv.json is missing, malformed or disagrees with the files."""
 
 
+class VerifyError(MtpconvError):
+    """A directory is not the complete, unmodified variant its manifest describes
+    (``verify``; ``publish`` checks the same before it uploads)."""
+
+
 class PublishError(MtpconvError):
     """The variant cannot be published."""
 
@@ -90,21 +95,40 @@ class Interrupted(MtpconvError):
 
 
 @contextmanager
-def interruptible(target: object) -> Iterator[None]:
-    """The one interrupt path: SIGTERM unwinds like Ctrl-C, and either becomes
-    :class:`Interrupted` naming ``target``, after the ``with`` bodies inside have
-    removed their temporary files."""
+def sigterm_interrupts() -> Iterator[None]:
+    """The one SIGTERM path: inside the block SIGTERM unwinds like Ctrl-C (a
+    ``KeyboardInterrupt``), so every ``with`` body removes its temporary files; the
+    previous handler comes back after. Off the main thread (embedded use) SIGTERM stays
+    as it was."""
     try:
         previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    except ValueError:  # not the main thread (embedded use): SIGTERM stays as it was
+    except ValueError:  # not the main thread
         previous = None
     try:
         yield
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; nothing was written to {target}.") from None
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted(target: object | None = None) -> Interrupted:
+    """The one interrupt message: what was not written (``target``), or that nothing was
+    left half-written."""
+    if target is None:
+        return Interrupted("interrupted; nothing was left half-written.")
+    return Interrupted(f"interrupted; nothing was written to {target}.")
+
+
+@contextmanager
+def interruptible(target: object) -> Iterator[None]:
+    """Ctrl-C or SIGTERM (:func:`sigterm_interrupts`) inside the block becomes
+    :class:`Interrupted` naming ``target``, after the ``with`` bodies inside have
+    removed their temporary files."""
+    with sigterm_interrupts():
+        try:
+            yield
+        except KeyboardInterrupt:
+            raise interrupted(target) from None
 
 
 # huggingface_hub's HTTP client has changed with its major versions (requests,

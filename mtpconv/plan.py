@@ -190,7 +190,7 @@ def build_plan(
     layout: MtpLayout,
     *,
     draft_vocab_rows: int | None = None,
-    draft_head_dtype: str = HeadDtype.FP8,
+    draft_head_dtype: HeadDtype = HeadDtype.FP8,
 ) -> ConversionPlan:
     """Decide every output tensor from headers; raise before anything is written.
 
@@ -286,11 +286,9 @@ def _check_shape(lin: Linear) -> None:
         )
 
 
-def _draft_head_plan(files: CheckpointFiles, layout: MtpLayout, rows: int, dtype: str) -> DraftHeadPlan:
-    try:
-        head_dtype = HeadDtype(dtype)
-    except ValueError:
-        raise ConversionError(f"--draft-head-dtype must be fp8 or bf16, not {dtype!r}.") from None
+def _draft_head_plan(
+    files: CheckpointFiles, layout: MtpLayout, rows: int, head_dtype: HeadDtype
+) -> DraftHeadPlan:
     tensor = draft_head_name(layout)
     if tensor in files.tensors:
         raise ConversionError(

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from mtpconv.checkpoint.digests import HashAhead, known_lfs_digest, sha256_file
 from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles, load_checkpoint_files
@@ -33,19 +33,12 @@ from mtpconv.manifest import (
     write_manifest,
 )
 from mtpconv.plan import ConversionPlan, ShardAction
+from mtpconv.progress import ProgressCallback
 from mtpconv.quantconfig.standard import DrafterDeclaration
 from mtpconv.shard_rewrite import ShardJob, head_rows
 
 if TYPE_CHECKING:
     import torch
-
-
-class Progress(Protocol):
-    """Where byte progress goes (the CLI passes a progress bar)."""
-
-    def start(self, description: str, total: int) -> None: ...
-
-    def advance(self, n: int) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +57,7 @@ class VariantInputs:
     draft_ids_file: Path | None = None  # the ids file they were read from
     vocab_meta: Mapping[str, Any] = field(default_factory=dict)  # the ids file's sidecar
     draft_window: int | None = None  # the drafter's attention window, checked by the caller
-    progress: Progress | None = None
+    progress: ProgressCallback | None = None
     # digests of source shards being computed ahead of their rewrite (quantize-mtp starts it)
     source_hashes: HashAhead | None = None
 

@@ -16,13 +16,13 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from mtpconv.checkpoint.digests import sha256_file
-from mtpconv.errors import ManifestError, PublishError
+from mtpconv.errors import ManifestError, VerifyError
 from mtpconv.jsonio import read_json
 from mtpconv.manifest import EVAL_REPORT_NAME, MANIFEST_NAME, FileStamp, Manifest, read_manifest
 from mtpconv.model_card import CARD_NAME
 
 if TYPE_CHECKING:
-    from mtpconv.console import ProgressCallback
+    from mtpconv.progress import ProgressCallback
 
 # Never part of a variant and never uploaded (huggingface_hub's upload_folder skips them too).
 _IGNORED_DIRS = (".git", ".cache/huggingface")
@@ -113,13 +113,13 @@ def verify_variant_digests(
     restamped = [c.path for c in checks if c.state is FileState.RESTAMPED]
     if differ:
         verb = "does" if len(differ) == 1 else "do"
-        raise PublishError(
+        raise VerifyError(
             f"{names(differ)} in {root} {verb} not match its sha256 in {MANIFEST_NAME}: the "
             "variant was modified after conversion. Re-run `mtpconv quantize-mtp`."
         )
     if restamped:
         verb = "has" if len(restamped) == 1 else "have"
-        raise PublishError(
+        raise VerifyError(
             f"{names(restamped)} in {root} {verb} another size or mtime than {MANIFEST_NAME} "
             "records (no sha256 was recorded for it): it changed after conversion. "
             "Re-run `mtpconv quantize-mtp`."
@@ -138,12 +138,12 @@ def check_variant_structure(root: Path) -> Manifest:
     The sha256s are checked by :func:`verify_variant_digests`.
     """
     if not root.is_dir():
-        raise PublishError(f"{root} is not a directory.")
+        raise VerifyError(f"{root} is not a directory.")
     manifest = read_manifest(root)
     if manifest is None:
-        raise PublishError(
+        raise VerifyError(
             f"{root} has no {MANIFEST_NAME}: it is not an mtpconv variant. "
-            "Create one with `mtpconv quantize-mtp SRC DST` and publish DST."
+            "Create one with `mtpconv quantize-mtp SRC DST`."
         )
     files = manifest.variant_files
     where = root / MANIFEST_NAME
@@ -160,15 +160,15 @@ def check_variant_structure(root: Path) -> Manifest:
 
     missing = sorted(r for r in files if not (root / r).is_file())
     if missing:
-        raise PublishError(
+        raise VerifyError(
             f"{root} is incomplete: missing {names(missing)} (listed in "
             f"{MANIFEST_NAME}). Re-run `mtpconv quantize-mtp`."
         )
     extra = sorted(set(_walk(root)) - set(files) - {MANIFEST_NAME, CARD_NAME, EVAL_REPORT_NAME})
     if extra:
-        raise PublishError(
+        raise VerifyError(
             f"{root} holds files not listed in {MANIFEST_NAME}: {names(extra)}. Remove them; "
-            "publish uploads exactly the variant the manifest describes."
+            "a variant is exactly the files its manifest lists."
         )
     _check_index(root, files)
     return manifest
@@ -199,7 +199,7 @@ def _check_index(root: Path, files: list[str]) -> None:
         raise ManifestError(f"{path} cannot be read (it has no weight_map object).")
     unlisted = sorted({str(s) for s in weight_map.values()} - set(files))
     if unlisted:
-        raise PublishError(
+        raise VerifyError(
             f"{_INDEX_NAME} references shards that {MANIFEST_NAME} does not "
             f"list: {names(unlisted)}. Re-run `mtpconv quantize-mtp`."
         )

@@ -208,3 +208,28 @@ def test_unreachable_hub_is_one_line_fast(
     assert f"127.0.0.1:{closed_port}" in line and TOKEN not in output
     assert seconds < 15, f"took {seconds:.1f} s"
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- interrupts
+
+
+def test_one_sigterm_path_nests_and_restores() -> None:
+    import signal
+
+    from mtpconv.errors import Interrupted, interruptible, sigterm_interrupts
+
+    before = signal.getsignal(signal.SIGTERM)
+    with sigterm_interrupts():  # what the CLI entry point wraps every command in
+        expected = r"^interrupted; nothing was written to out/v\.$"
+        with pytest.raises(Interrupted, match=expected) as info, interruptible("out/v"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs at the next bytecode boundary
+        assert info.value.exit_code == 130
+        assert signal.getsignal(signal.SIGTERM) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_interrupted_without_a_target() -> None:
+    from mtpconv.errors import interrupted
+
+    assert str(interrupted()) == "interrupted; nothing was left half-written."

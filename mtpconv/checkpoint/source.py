@@ -80,6 +80,20 @@ def load_files(source: Source) -> CheckpointFiles:
     return load_checkpoint_files(source.directory, link_root=source.link_root)
 
 
+def open_checkpoint(
+    spec: str, revision: str | None = None, *, headers_only: bool = False
+) -> tuple[Source, CheckpointFiles]:
+    """A local directory or a Hub repo id, resolved, with its validated headers.
+
+    With ``headers_only`` a repo id downloads no weights: its configs, and its
+    safetensors headers by range requests (:func:`remote_checkpoint`).
+    """
+    if headers_only and looks_like_repo_id(spec):
+        return remote_checkpoint(spec, revision)
+    source = resolve_source(spec, revision)
+    return source, load_files(source)
+
+
 def remote_checkpoint(spec: str, revision: str | None) -> tuple[Source, CheckpointFiles]:
     """Configs (downloaded, small) and safetensors headers (range requests) of a Hub repo.
 

@@ -5,13 +5,16 @@ it into one ``Error: ...`` line on stderr and its exit code, and a usage error
 (a bad flag, a wrong choice, a missing argument) into one ``Error: ...`` line and
 exit 2, before anything is read or written. Tracebacks only with ``--debug``.
 Library functions are imported inside their command so ``mtpconv --help`` does not
-load torch or huggingface_hub.
+load torch or huggingface_hub. Commands are registered, and so listed, in the order of
+the workflow (inspect, quantize-mtp, build-draft-vocab, fix-exclusions,
+set-draft-window, verify, publish, eval), each with an example under its help.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, NoReturn, TypeVar
 
 import typer
 
@@ -89,6 +92,21 @@ app = typer.Typer(
 
 _state = {"debug": False}
 
+_Command = TypeVar("_Command", bound=Callable[..., None])
+
+
+def _command(name: str, *, example: str) -> Callable[[_Command], _Command]:
+    """Register a command (in the order they are registered: the workflow's, as the help
+    lists them) with ``example`` under its help. The list of commands shows the first
+    paragraph of its docstring whole: click would cut it to fit 80 columns."""
+
+    def register(function: _Command) -> _Command:
+        summary = (function.__doc__ or "").split("\n\n")[0]
+        command = app.command(name, short_help=" ".join(summary.split()), epilog=f"\b\nExample:\n  {example}")
+        return command(function)
+
+    return register
+
 
 def _apply_switches(*, quiet: bool, debug: bool) -> None:
     """Turn on --quiet / --debug, whether given before the command or after it."""
@@ -135,7 +153,7 @@ def _global_options(
         raise typer.Exit(2)
 
 
-@app.command("inspect")
+@_command("inspect", example="mtpconv inspect nvidia/Qwen3.5-397B-A17B-NVFP4")
 def inspect_cmd(
     source: SourceArg,
     *,
@@ -157,76 +175,7 @@ def inspect_cmd(
         raise UnknownFamilyError(report.layout_error)
 
 
-@app.command("publish")
-def publish_cmd(
-    directory: VariantDirArg,
-    *,
-    repo_id: RepoIdOpt = None,
-    private: PrivateOpt = False,
-    revision: BranchOpt = None,
-    create_pr: CreatePrOpt = False,
-    token: TokenOpt = None,
-    commit_message: CommitMessageOpt = None,
-    dry_run: PublishDryRunOpt = False,
-    keep_card: KeepCardOpt = False,
-    base_model: BaseModelOpt = None,
-    quiet: QuietOpt = False,
-    debug: DebugOpt = False,
-) -> None:
-    """Verify a -mtpfp8 variant against its manifest, write its model card, upload it."""
-    _apply_switches(quiet=quiet, debug=debug)
-    from mtpconv.commands.publish import plan_publish, upload_plan
-
-    with console.byte_progress() as progress:
-        plan = plan_publish(
-            directory,
-            repo_id=repo_id,
-            private=private,
-            revision=revision,
-            create_pr=create_pr,
-            token=token,
-            commit_message=commit_message,
-            keep_card=keep_card,
-            base_model=base_model,
-            offline=dry_run,
-            notify=console.info,
-            progress=progress,
-        )
-    if dry_run:
-        render.render_publish_plan(plan)
-        return
-    result = upload_plan(
-        plan,
-        token=token,
-        notify=console.info,
-        show_progress=not console.is_quiet() and console.err_console.is_terminal,
-    )
-    render.render_publish_result(result)
-
-
-@app.command("verify")
-def verify_cmd(
-    directory: VariantDirArg,
-    *,
-    full: FullOpt = False,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    debug: DebugOpt = False,
-) -> None:
-    """Check a -mtpfp8 variant against its manifest; exit 1 naming every changed file."""
-    _apply_switches(quiet=quiet, debug=debug)
-    from mtpconv.commands.verify import verify_variant
-
-    with console.byte_progress() as progress:
-        report = verify_variant(directory, full=full, progress=progress)
-    render.show(report, render.render_verify, as_json=as_json)
-    if not report.ok:
-        if as_json:
-            console.error(render.verify_failure(report))
-        raise typer.Exit(1)
-
-
-@app.command("quantize-mtp")
+@_command("quantize-mtp", example="mtpconv quantize-mtp ./ckpt ./ckpt-mtpfp8 --draft-vocab vocab.pt")
 def quantize_mtp_cmd(
     source: SourceArg,
     destination: DestinationArg,
@@ -254,8 +203,8 @@ def quantize_mtp_cmd(
             destination,
             revision=revision,
             draft_vocab=draft_vocab,
-            draft_head_dtype=draft_head_dtype.value,
-            device=device.value,
+            draft_head_dtype=draft_head_dtype,
+            device=device,
             dry_run=dry_run,
             force=force,
             copy=copy,
@@ -266,66 +215,10 @@ def quantize_mtp_cmd(
     render.show(report, render.render_conversion, as_json=as_json)
 
 
-@app.command("set-draft-window")
-def set_draft_window_cmd(
-    directory: VariantDirArg,
-    window: WindowArg = None,
-    *,
-    clear: ClearOpt = False,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    debug: DebugOpt = False,
-) -> None:
-    """Set or remove the drafter's attention window of a variant (rewrites only mtpconv.json)."""
-    _apply_switches(quiet=quiet, debug=debug)
-    if clear and window:
-        _usage_error("give either N or --clear, not both.")
-    if not clear and window is None:
-        _usage_error("give the window N in tokens, or --clear (or 0) to remove it.")
-    from mtpconv.commands.set_draft_window import set_draft_window
-
-    report = set_draft_window(directory, None if clear or not window else window)
-    render.show(report, render.render_draft_window, as_json=as_json)
-
-
-@app.command("fix-exclusions")
-def fix_exclusions_cmd(
-    source: SourceArg,
-    destination: FixDestinationArg = None,
-    *,
-    revision: RevisionOpt = None,
-    in_place: InPlaceOpt = False,
-    dry_run: DryRunOpt = False,
-    force: ForceOpt = False,
-    copy: CopyShardsOpt = False,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    debug: DebugOpt = False,
-) -> None:
-    """Exclude every module stored unquantized but declared quantized (the mtp.fc gap)."""
-    _apply_switches(quiet=quiet, debug=debug)
-    if in_place and destination is not None:
-        _usage_error("give either DST or --in-place, not both.")
-    if not in_place and destination is None:
-        _usage_error(
-            "give a destination directory, or --in-place to edit SRC's JSON files "
-            "(a .bak copy of each is kept)."
-        )
-    from mtpconv.commands.fix_exclusions import fix_exclusions
-
-    report = fix_exclusions(
-        source,
-        destination,
-        revision=revision,
-        in_place=in_place,
-        force=force,
-        copy=copy,
-        dry_run=dry_run,
-    )
-    render.show(report, render.render_fix, as_json=as_json)
-
-
-@app.command("build-draft-vocab")
+@_command(
+    "build-draft-vocab",
+    example="mtpconv build-draft-vocab ./ckpt --corpus chats.jsonl --size 32768 --output vocab.pt",
+)
 def build_draft_vocab_cmd(
     source: SourceArg,
     *,
@@ -383,7 +276,135 @@ def build_draft_vocab_cmd(
     render.show(report, render.render_draft_vocab, as_json=as_json)
 
 
-@app.command("eval")
+@_command("fix-exclusions", example="mtpconv fix-exclusions ./ckpt ./ckpt-fixed")
+def fix_exclusions_cmd(
+    source: SourceArg,
+    destination: FixDestinationArg = None,
+    *,
+    revision: RevisionOpt = None,
+    in_place: InPlaceOpt = False,
+    dry_run: DryRunOpt = False,
+    force: ForceOpt = False,
+    copy: CopyShardsOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Exclude every module stored unquantized but declared quantized (the mtp.fc gap)."""
+    _apply_switches(quiet=quiet, debug=debug)
+    if in_place and destination is not None:
+        _usage_error("give either DST or --in-place, not both.")
+    if not in_place and destination is None:
+        _usage_error(
+            "give a destination directory, or --in-place to edit SRC's JSON files "
+            "(a .bak copy of each is kept)."
+        )
+    from mtpconv.commands.fix_exclusions import IN_PLACE, fix_exclusions
+
+    report = fix_exclusions(
+        source,
+        IN_PLACE if destination is None else destination,
+        revision=revision,
+        force=force,
+        copy=copy,
+        dry_run=dry_run,
+    )
+    render.show(report, render.render_fix, as_json=as_json)
+
+
+@_command("set-draft-window", example="mtpconv set-draft-window ./ckpt-mtpfp8 8192")
+def set_draft_window_cmd(
+    directory: VariantDirArg,
+    window: WindowArg = None,
+    *,
+    clear: ClearOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Set or remove the drafter's attention window of a variant (rewrites only mtpconv.json)."""
+    _apply_switches(quiet=quiet, debug=debug)
+    if clear and window:
+        _usage_error("give either N or --clear, not both.")
+    if not clear and window is None:
+        _usage_error("give the window N in tokens, or --clear (or 0) to remove it.")
+    from mtpconv.commands.set_draft_window import set_draft_window
+
+    report = set_draft_window(directory, None if clear or not window else window)
+    render.show(report, render.render_draft_window, as_json=as_json)
+
+
+@_command("verify", example="mtpconv verify ./ckpt-mtpfp8")
+def verify_cmd(
+    directory: VariantDirArg,
+    *,
+    full: FullOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Check a -mtpfp8 variant against its manifest; exit 1 naming every changed file."""
+    _apply_switches(quiet=quiet, debug=debug)
+    from mtpconv.commands.verify import verify_variant
+
+    with console.byte_progress() as progress:
+        report = verify_variant(directory, full=full, progress=progress)
+    render.show(report, render.render_verify, as_json=as_json)
+    if not report.ok:
+        if as_json:
+            console.error(render.verify_failure(report))
+        raise typer.Exit(1)
+
+
+@_command("publish", example="mtpconv publish ./ckpt-mtpfp8 --repo-id me/ckpt-mtpfp8")
+def publish_cmd(
+    directory: VariantDirArg,
+    *,
+    repo_id: RepoIdOpt = None,
+    private: PrivateOpt = False,
+    revision: BranchOpt = None,
+    create_pr: CreatePrOpt = False,
+    token: TokenOpt = None,
+    commit_message: CommitMessageOpt = None,
+    dry_run: PublishDryRunOpt = False,
+    keep_card: KeepCardOpt = False,
+    base_model: BaseModelOpt = None,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Verify a -mtpfp8 variant against its manifest, write its model card, upload it."""
+    _apply_switches(quiet=quiet, debug=debug)
+    from mtpconv.commands.publish import plan_publish, upload_plan
+
+    with console.byte_progress() as progress:
+        plan = plan_publish(
+            directory,
+            repo_id=repo_id,
+            private=private,
+            revision=revision,
+            create_pr=create_pr,
+            token=token,
+            commit_message=commit_message,
+            keep_card=keep_card,
+            base_model=base_model,
+            offline=dry_run,
+            notify=console.info,
+            progress=progress,
+        )
+    if dry_run:
+        render.show(plan, render.render_publish_plan, as_json=as_json)
+        return
+    result = upload_plan(
+        plan,
+        token=token,
+        notify=console.info,
+        show_progress=not console.is_quiet() and console.err_console.is_terminal,
+    )
+    render.show(result, render.render_publish_result, as_json=as_json)
+
+
+@_command("eval", example="mtpconv eval ./ckpt ./ckpt-mtpfp8 --batch 1,8")
 def eval_cmd(
     source: SourceArg,
     variant: EvalVariantArg,

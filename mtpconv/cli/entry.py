@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import sys
 
 import typer
 
 from mtpconv import console, gc_pause
 from mtpconv.cli.app import app, debug_requested
-from mtpconv.errors import MtpconvError
-
-_INTERRUPTED = "interrupted; nothing was left half-written."
+from mtpconv.errors import MtpconvError, interrupted, sigterm_interrupts
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,15 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     # threads a fraction of a 2-core machine (4 of 13 CPU-seconds in one conversion).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     gc_pause.freeze_on_resume()  # one process, one command: header records live to the end
-    try:  # SIGTERM unwinds like Ctrl-C, so every command cleans up its temporary files
-        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    except ValueError:  # not the main thread (embedded use)
-        previous = None
-    try:
+    with sigterm_interrupts():  # every command cleans up its temporary files on SIGTERM too
         code = _run(argv)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     sys.exit(code)
 
 
@@ -55,13 +45,14 @@ def _run(argv: list[str] | None) -> int:
         console.error(_os_error_message(exc))
         return 1
     except KeyboardInterrupt:
-        console.error(_INTERRUPTED)
-        return 130
+        stopped = interrupted()
+        console.error(str(stopped))
+        return stopped.exit_code
     except typer.Abort:  # end of input at a prompt
         console.error("aborted.")
         return 1
     if result == 130:  # typer turns Ctrl-C into a silent exit 130: say it in one line
-        console.error(_INTERRUPTED)
+        console.error(str(interrupted()))
     return result if isinstance(result, int) else 0
 
 

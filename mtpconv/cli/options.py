@@ -8,14 +8,34 @@ flags carry none, so they do not look as if they took a value.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
 from mtpconv.conversion_options import Device, HeadDtype
 
 DEBUG_ENV = "MTPCONV_DEBUG"
+
+Number = TypeVar("Number", int, float)
+
+
+def _bounded(low: float, high: float | None = None) -> Callable[[Number | None], Number | None]:
+    """A bound checked by a callback, not ``min=``/``max=``: typer prints those as
+    ``[x>=1]`` on the option's help row; the error is the one typer gives for them."""
+
+    def check(value: Number | None) -> Number | None:
+        if value is not None and value < low:
+            raise typer.BadParameter(f"Input should be greater than or equal to {low:g}")
+        if value is not None and high is not None and value > high:
+            raise typer.BadParameter(f"Input should be less than or equal to {high:g}")
+        return value
+
+    return check
+
+
+_POSITIVE = _bounded(1)
 
 
 # Switches accepted both before the command (`mtpconv -q inspect DIR`) and after it
@@ -40,7 +60,9 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing des
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show the plan; write nothing.")]
 DraftVocabSizeOpt = Annotated[
     int,
-    typer.Option("--draft-vocab-size", metavar="K", min=1, help="K for the draft-head cost estimate."),
+    typer.Option(
+        "--draft-vocab-size", metavar="K", callback=_POSITIVE, help="K for the draft-head cost estimate."
+    ),
 ]
 
 # quantize-mtp
@@ -75,7 +97,7 @@ DraftWindowOpt = Annotated[
     typer.Option(
         "--draft-window",
         metavar="N",
-        min=1,
+        callback=_POSITIVE,
         help="Sliding window (tokens) of the drafter's attention, served by the plugin.",
     ),
 ]
@@ -100,7 +122,9 @@ CorpusOpt = Annotated[
         help="Text/JSONL/Parquet file (.gz ok) or directory; repeatable.",
     ),
 ]
-SizeOpt = Annotated[int, typer.Option("--size", metavar="K", min=1, help="K: number of draft vocab ids.")]
+SizeOpt = Annotated[
+    int, typer.Option("--size", metavar="K", callback=_POSITIVE, help="K: number of draft vocab ids.")
+]
 OutputOpt = Annotated[
     Path,
     typer.Option(
@@ -117,7 +141,7 @@ TextFieldOpt = Annotated[
 ]
 MaxTokensOpt = Annotated[
     int | None,
-    typer.Option("--max-tokens", metavar="N", min=1, help="Stop after counting N tokens."),
+    typer.Option("--max-tokens", metavar="N", callback=_POSITIVE, help="Stop after counting N tokens."),
 ]
 EvalCorpusOpt = Annotated[
     list[Path] | None,
@@ -130,7 +154,9 @@ EvalCorpusOpt = Annotated[
 ]
 BalanceTpOpt = Annotated[
     int | None,
-    typer.Option("--balance-tp", metavar="N", min=1, help="Same number of ids in each of N vocab shards."),
+    typer.Option(
+        "--balance-tp", metavar="N", callback=_POSITIVE, help="Same number of ids in each of N vocab shards."
+    ),
 ]
 PlotOpt = Annotated[
     Path | None,
@@ -157,12 +183,18 @@ EvalPromptsOpt = Annotated[
     ),
 ]
 MaxNewTokensOpt = Annotated[
-    int, typer.Option("--max-new-tokens", metavar="N", min=1, help="Tokens generated per prompt.")
+    int,
+    typer.Option("--max-new-tokens", metavar="N", callback=_POSITIVE, help="Tokens generated per prompt."),
 ]
 TemperatureOpt = Annotated[
-    float, typer.Option("--temperature", metavar="T", min=0.0, help="Sampling temperature (0 = greedy).")
+    float,
+    typer.Option(
+        "--temperature", metavar="T", callback=_bounded(0), help="Sampling temperature (0 = greedy)."
+    ),
 ]
-TopPOpt = Annotated[float, typer.Option("--top-p", metavar="P", min=0.0, max=1.0, help="Nucleus sampling.")]
+TopPOpt = Annotated[
+    float, typer.Option("--top-p", metavar="P", callback=_bounded(0, 1), help="Nucleus sampling.")
+]
 SeedOpt = Annotated[int, typer.Option("--seed", metavar="N", help="Sampling seed (prompt i uses N + i).")]
 GeneratedWeightOpt = Annotated[
     float | None,
@@ -178,7 +210,7 @@ WindowArg = Annotated[
     int | None,
     typer.Argument(
         metavar="N",
-        min=0,
+        callback=_bounded(0),
         help="Window in tokens (below the model's max context); 0 removes it.",
         show_default=False,
     ),
@@ -200,12 +232,11 @@ def _hub_repo_id(value: str | None) -> str | None:
     """A usage error (exit 2, before anything is read) for a malformed Hub repo id."""
     if value is None:
         return None
-    from huggingface_hub.utils._validators import validate_repo_id
+    from mtpconv.commands.publish import repo_id_problem
 
-    try:
-        validate_repo_id(value)
-    except ValueError as exc:
-        raise typer.BadParameter(f"{value!r} is not a valid Hub repo id ({exc}).") from None
+    problem = repo_id_problem(value)
+    if problem is not None:
+        raise typer.BadParameter(f"{problem}.")
     return value
 
 
@@ -265,13 +296,14 @@ PromptsOpt = Annotated[
     ),
 ]
 SpecTokensOpt = Annotated[
-    int, typer.Option("-k", "--num-speculative-tokens", metavar="K", min=1, help="Drafts per step.")
+    int,
+    typer.Option("-k", "--num-speculative-tokens", metavar="K", callback=_POSITIVE, help="Drafts per step."),
 ]
 BatchOpt = Annotated[
     str, typer.Option("--batch", metavar="B[,B...]", help="Batch sizes to time, comma-separated.")
 ]
 EvalMaxTokensOpt = Annotated[
-    int, typer.Option("--max-tokens", metavar="N", min=1, help="Tokens generated per prompt.")
+    int, typer.Option("--max-tokens", metavar="N", callback=_POSITIVE, help="Tokens generated per prompt.")
 ]
 RowsOpt = Annotated[
     str | None,

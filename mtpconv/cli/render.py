@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 _Report = TypeVar(
     "_Report",
     bound="InspectReport | ConversionReport | FixReport | DraftVocabReport | DraftWindowReport"
-    " | VerifyReport | EvalReport",
+    " | VerifyReport | EvalReport | PublishPlan | PublishResult",
 )
 
 _SEVERITY_STYLE = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -48,7 +48,9 @@ def render_json(
     | DraftVocabReport
     | DraftWindowReport
     | VerifyReport
-    | EvalReport,
+    | EvalReport
+    | PublishPlan
+    | PublishResult,
 ) -> None:
     """A report as one JSON document on stdout (``--json``)."""
     console.emit_json(report.to_dict())
@@ -270,9 +272,8 @@ def render_publish_plan(plan: PublishPlan) -> None:
 
 def render_publish_result(result: PublishResult) -> None:
     """A notice on stderr and the most specific URL of the upload on stdout."""
-    plan = result.plan
-    console.info(f"Published {plan.repo_id}.")
-    _echo(result.pr_url or result.commit_url or result.repo_url or plan.repo_id)
+    console.info(f"Published {result.plan.repo_id}.")
+    _echo(result.url)
 
 
 _VERIFY_NOTE = {

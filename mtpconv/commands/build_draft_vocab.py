@@ -41,7 +41,7 @@ from mtpconv.formats.draft_ids import save_draft_vocab_ids, sidecar_path
 from mtpconv.jsonio import dumps_json, write_text_durably
 
 if TYPE_CHECKING:
-    from mtpconv.console import ProgressCallback
+    from mtpconv.progress import ProgressCallback
 
 DEFAULT_GENERATED_WEIGHT = 0.5
 # Mixed counts stay integers: each source's share of the total, in units of 2**-50.

@@ -4,7 +4,7 @@ Every module stored unquantized but declared quantized (the real ``mtp.fc`` gap
 of NVIDIA's Qwen3.5 / Qwen3-Next NVFP4 exports) becomes excluded in both
 hf_quant_config.json and config.json (wherever config.json declares its
 quantization: top level or ``text_config``); nothing else changes. Written to a
-new directory atomically, or with ``--in-place`` into SRC's JSON files (the
+new directory atomically, or (:data:`IN_PLACE`) into SRC's JSON files (the
 originals kept as ``.bak``). What was excluded is what the rewriter reports.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,15 @@ from mtpconv.layouts import detect_layout, linear_modules
 from mtpconv.plan import check_destination, other_files
 from mtpconv.quantconfig.documents import load_quant_configs
 from mtpconv.quantconfig.rewrite import ExclusionEdit, fixed_exclusion_configs
+
+
+class Target(Enum):
+    """Where the fixed configs go when not to a new directory."""
+
+    IN_PLACE = "in-place"  # the source's own JSON files, a .bak copy of each kept
+
+
+IN_PLACE = Target.IN_PLACE
 
 
 @dataclass
@@ -56,15 +66,18 @@ class FixReport:
 
 def fix_exclusions(
     source_spec: str,
-    dst: str | os.PathLike[str] | None,
+    dst: str | os.PathLike[str] | Target,
     *,
     revision: str | None = None,
-    in_place: bool = False,
     force: bool = False,
     copy: bool = False,
     dry_run: bool = False,
 ) -> FixReport:
-    """Exclude every module stored unquantized but declared quantized; nothing else."""
+    """Exclude every module stored unquantized but declared quantized; nothing else.
+
+    ``dst`` is a new directory (shards hard-linked), or :data:`IN_PLACE` for the
+    source's own JSON files (a local directory only; a ``.bak`` copy of each is kept).
+    """
     source = resolve_source(source_spec, revision)
     files = load_files(source)
     configs = load_quant_configs(source.directory)
@@ -74,14 +87,8 @@ def fix_exclusions(
         except LayoutError:
             family = "unknown"
         fixed = fixed_exclusion_configs(configs, vllm_quantizable(linear_modules(files.tensors), family))
-    if in_place and dst is not None:
-        raise OutputError("give either DST or --in-place, not both.")
-    if not in_place and dst is None:
-        raise OutputError(
-            "give a destination directory, or --in-place to edit SRC's JSON files "
-            "(a .bak copy of each is kept)."
-        )
-    target = source.directory if in_place else Path(dst).expanduser()  # type: ignore[arg-type]
+    in_place = dst is IN_PLACE
+    target = source.directory if isinstance(dst, Target) else Path(dst).expanduser()
     report = FixReport(
         source_spec,
         str(target),
@@ -97,7 +104,8 @@ def fix_exclusions(
     if in_place:
         if source.repo_id:
             raise OutputError(
-                "--in-place edits a local directory; a Hub snapshot is read-only. Give a destination instead."
+                f"{source_spec} is a Hub repo, whose snapshot is read-only: it cannot be edited "
+                "in place. Give a destination instead."
             )
         if not fixed.changed:
             return report

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpconv.checkpoint.index import CheckpointFiles
-from mtpconv.checkpoint.source import Source, load_files, looks_like_repo_id, remote_checkpoint
-from mtpconv.checkpoint.source import resolve_source as _resolve_local
+from mtpconv.checkpoint.source import open_checkpoint
 from mtpconv.draft_cost import DraftCost, draft_cost
 from mtpconv.errors import UnknownFamilyError
 from mtpconv.families import vllm_quantizable
@@ -265,12 +264,7 @@ def inspect_checkpoint(
 
 
 def _inspect(spec: str, revision: str | None, draft_vocab_size: int) -> InspectReport:
-    source: Source
-    if looks_like_repo_id(spec):
-        source, files = remote_checkpoint(spec, revision)
-    else:
-        source = _resolve_local(spec, revision)
-        files = load_files(source)
+    source, files = open_checkpoint(spec, revision, headers_only=True)
     configs = load_quant_configs(source.directory)
     layout_error: str | None = None
     try:

@@ -26,7 +26,7 @@ from mtpconv.units import human_bytes
 from mtpconv.variant_check import check_variant_structure, verify_variant_digests
 
 if TYPE_CHECKING:
-    from mtpconv.console import ProgressCallback
+    from mtpconv.progress import ProgressCallback
 
 VARIANT_SUFFIX = "-mtpfp8"
 USER_PLACEHOLDER = "<your-username>"
@@ -92,6 +92,29 @@ class PublishPlan:
     def total_bytes(self) -> int:
         return sum(item.size for item in self.items)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as ``publish --dry-run --json`` prints it."""
+        return {
+            "directory": str(self.directory),
+            "repo_id": self.repo_id,
+            "private": self.private,
+            "revision": self.revision,
+            "create_pr": self.create_pr,
+            "commit_message": self.commit_message,
+            "total_bytes": self.total_bytes,
+            "files": [
+                {
+                    "path": item.path_in_repo,
+                    "size": item.size,
+                    "generated": item.local is None,
+                    "sha256": item.sha256,
+                }
+                for item in self.items
+            ],
+            "card": self.card,
+            "dry_run": True,
+        }
+
 
 @dataclass
 class PublishResult:
@@ -101,6 +124,22 @@ class PublishResult:
     repo_url: str | None = None
     commit_url: str | None = None
     pr_url: str | None = None
+
+    @property
+    def url(self) -> str:
+        """The most specific place the upload landed: the pull request, the commit, the repo."""
+        return self.pr_url or self.commit_url or self.repo_url or self.plan.repo_id
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as ``publish --json`` prints it: the plan, uploaded, and its URLs."""
+        return {
+            **self.plan.to_dict(),
+            "dry_run": False,
+            "url": self.url,
+            "repo_url": self.repo_url,
+            "commit_url": self.commit_url,
+            "pr_url": self.pr_url,
+        }
 
 
 def default_repo_name(manifest: Manifest) -> str:
@@ -279,14 +318,27 @@ def _validate_repo_id(repo_id: str) -> None:
     validate_hub_repo_id(repo_id, "--repo-id USER/NAME")
 
 
-def validate_hub_repo_id(repo_id: str, flag: str) -> None:
-    """Raise `PublishError` unless ``repo_id`` is a valid Hub repo id (``flag``: what to pass)."""
-    from huggingface_hub.utils._validators import validate_repo_id
+def repo_id_problem(repo_id: str) -> str | None:
+    """Why ``repo_id`` is not a valid Hub repo id, as a clause (huggingface_hub's own rule,
+    through its public ``validate_repo_id``); None when it is valid. The one repo-id check:
+    the CLI's ``--base-model`` and :func:`validate_hub_repo_id` both use it."""
+    from huggingface_hub.errors import HFValidationError
+
+    # Public (huggingface_hub.utils.__all__), but that list is built lazily, out of mypy's sight.
+    from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]
 
     try:
         validate_repo_id(repo_id)
-    except ValueError as exc:
-        raise PublishError(f"{repo_id!r} is not a valid Hub repo id ({exc}); pass {flag}.") from None
+    except HFValidationError as exc:
+        return f"{repo_id!r} is not a valid Hub repo id ({exc})"
+    return None
+
+
+def validate_hub_repo_id(repo_id: str, flag: str) -> None:
+    """Raise `PublishError` unless ``repo_id`` is a valid Hub repo id (``flag``: what to pass)."""
+    problem = repo_id_problem(repo_id)
+    if problem is not None:
+        raise PublishError(f"{problem}; pass {flag}.")
 
 
 def _str_attr(obj: Any, name: str) -> str | None:

@@ -15,13 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from mtpconv.checkpoint.digests import HashAhead, known_lfs_digest, sha256_file
 from mtpconv.checkpoint.index import CheckpointFiles
-from mtpconv.checkpoint.source import (
-    Source,
-    load_files,
-    looks_like_repo_id,
-    remote_checkpoint,
-    resolve_source,
-)
+from mtpconv.checkpoint.source import Source, open_checkpoint
 from mtpconv.checkpoint.writer import atomic_output_dir
 from mtpconv.conversion_options import Device, HeadDtype
 from mtpconv.errors import ConversionError, interruptible
@@ -42,7 +36,7 @@ if TYPE_CHECKING:
     import torch
 
     from mtpconv.formats.fp8_table import QuantError
-    from mtpconv.variant import Progress
+    from mtpconv.progress import ProgressCallback
 
 
 @dataclass
@@ -93,25 +87,18 @@ class ConversionReport:
         }
 
 
-def _device_choice(device: str) -> Device:
-    try:
-        return Device(device)
-    except ValueError:
-        raise ConversionError(f"--device must be auto, cpu or cuda, not {device!r}.") from None
-
-
 # Where a GPU's driver shows itself (NVIDIA, and ROCm's /dev/kfd): without any of these
 # torch.cuda.is_available() is False, so `--device auto` needs no torch to pick the CPU.
 _GPU_NODES = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/kfd")
 
 
-def pick_device(device: str) -> str:
-    """The device name for ``device`` (a :class:`Device` value); CUDA must exist when asked for.
+def pick_device(device: Device) -> str:
+    """The torch device name for ``device``; CUDA must exist when asked for.
 
     ``cpu``, and ``auto`` on a machine without a GPU driver, are decided without importing
     torch: a 16-bit CPU conversion never needs it.
     """
-    choice = _device_choice(device)
+    choice = Device(device)  # its value ("cpu") names the same choice
     if choice is Device.CPU or (choice is Device.AUTO and not any(map(os.path.exists, _GPU_NODES))):
         return "cpu"
     import torch
@@ -119,7 +106,7 @@ def pick_device(device: str) -> str:
     if choice is Device.AUTO:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if not torch.cuda.is_available():
-        raise ConversionError("--device cuda was given but no CUDA device is available.")
+        raise ConversionError("the FP8 math was asked to run on CUDA, but no CUDA device is available.")
     return "cuda"
 
 
@@ -137,11 +124,7 @@ def _load(
     source_spec: str, revision: str | None, *, headers_only: bool = False
 ) -> tuple[Source, CheckpointFiles, QuantConfigs, MtpLayout]:
     """Resolve and validate the source; a Hub repo id with ``headers_only`` downloads no weights."""
-    if headers_only and looks_like_repo_id(source_spec):
-        source, files = remote_checkpoint(source_spec, revision)
-    else:
-        source = resolve_source(source_spec, revision)
-        files = load_files(source)
+    source, files = open_checkpoint(source_spec, revision, headers_only=headers_only)
     if read_manifest(source.directory) is not None:
         raise ConversionError(
             f"{source_spec} is already an -mtpfp8 variant (it has mtpconv.json); "
@@ -192,14 +175,14 @@ def quantize_mtp(
     *,
     revision: str | None = None,
     draft_vocab: str | os.PathLike[str] | None = None,
-    draft_head_dtype: str = HeadDtype.FP8,
-    device: str = Device.AUTO,
+    draft_head_dtype: HeadDtype = HeadDtype.FP8,
+    device: Device = Device.AUTO,
     dry_run: bool = False,
     force: bool = False,
     copy: bool = False,
     draft_window: int | None = None,
     fp8_from_4bit: bool = False,
-    progress: Progress | None = None,
+    progress: ProgressCallback | None = None,
 ) -> ConversionReport:
     """Write the ``-mtpfp8`` variant of ``source_spec`` to ``dst`` (DESIGN §5).
 
@@ -208,7 +191,8 @@ def quantize_mtp(
     8 bits is refused (FP8 would make it larger) unless ``fp8_from_4bit``.
     """
     started = time.monotonic()
-    _device_choice(device)  # a bad value fails before anything is read
+    # A choice's value ("cpu") names the same member; anything else fails before any read.
+    device, draft_head_dtype = Device(device), HeadDtype(draft_head_dtype)
     with paused_gc():  # ~1M acyclic header records for a large checkpoint (mtpconv.gc_pause)
         source, files, configs, layout = _load(source_spec, revision, headers_only=dry_run)
     if draft_window is not None:
@@ -243,7 +227,7 @@ def quantize_mtp(
         destination=str(dst_path),
         plan=plan,
         dry_run=dry_run,
-        device=_device_choice(device).value,
+        device=device.value,
         draft_vocab_size=None if ids is None else int(ids.numel()),
         declaration=declaration,
         draft_window=draft_window,

@@ -18,7 +18,7 @@ from mtpconv.checkpoint.index import load_checkpoint_files
 from mtpconv.variant_check import FileCheck, FileState, check_files, check_variant_structure
 
 if TYPE_CHECKING:
-    from mtpconv.console import ProgressCallback
+    from mtpconv.progress import ProgressCallback
 
 
 @dataclass

@@ -26,7 +26,7 @@ from mtpconv.errors import DraftVocabError
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from mtpconv.console import ProgressCallback
+    from mtpconv.progress import ProgressCallback
 
 IntArray = npt.NDArray[np.int64]
 

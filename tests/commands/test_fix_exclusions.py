@@ -118,6 +118,30 @@ def test_in_place_fixes_reports_and_keeps_bak(
     assert (copy_dir / "config.json.bak").read_bytes() == original
 
 
+def test_library_takes_in_place_as_an_explicit_target(text_config_only: Path, tmp_path: Path) -> None:
+    from mtpconv.commands.fix_exclusions import IN_PLACE, fix_exclusions
+
+    copy_dir = tmp_path / "copy"
+    shutil.copytree(text_config_only, copy_dir)
+    report = fix_exclusions(str(copy_dir), IN_PLACE)
+    assert report.in_place and report.destination == str(copy_dir)
+    assert report.backups == [str(copy_dir / "config.json.bak")]
+
+
+def test_hub_snapshot_cannot_be_edited_in_place_and_the_message_names_no_flag(
+    monkeypatch: pytest.MonkeyPatch, text_config_only: Path
+) -> None:
+    import mtpconv.commands.fix_exclusions as command
+    from mtpconv.checkpoint.source import Source
+    from mtpconv.errors import OutputError
+
+    snapshot = Source(spec="acme/tiny", directory=text_config_only, repo_id="acme/tiny")
+    monkeypatch.setattr(command, "resolve_source", lambda spec, revision: snapshot)
+    with pytest.raises(OutputError, match="acme/tiny is a Hub repo") as info:
+        command.fix_exclusions("acme/tiny", command.IN_PLACE)
+    assert "--" not in str(info.value)
+
+
 def test_dry_run_reports_and_writes_nothing(
     text_config_only: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,6 +8,7 @@ function that fails the test), and sockets refuse to connect.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from mtpconv import __version__
 from mtpconv.cli import main
 from mtpconv.commands import publish as publish_cmd
 from mtpconv.commands.publish import PublishPlan, PublishResult, plan_publish, upload_plan
-from mtpconv.errors import ManifestError, PublishError
+from mtpconv.errors import ManifestError, PublishError, VerifyError
 from mtpconv.manifest import read_manifest, write_manifest
 from mtpconv.model_card import build_model_card
 from tests.publish_support import TOKEN, RecordingApi, isolate_hub, make_variant  # noqa: F401
@@ -276,12 +277,12 @@ def test_dry_run_with_repo_id_uses_it(variant: Path) -> None:
 
 def test_refuses_directory_without_manifest(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(PublishError, match="no mtpconv.json"):
+    with pytest.raises(VerifyError, match="no mtpconv.json"):
         verify(tmp_path)
 
 
 def test_refuses_missing_directory(tmp_path: Path) -> None:
-    with pytest.raises(PublishError, match="is not a directory"):
+    with pytest.raises(VerifyError, match="is not a directory"):
         verify(tmp_path / "nope")
 
 
@@ -294,13 +295,13 @@ def test_refuses_malformed_manifest(variant: Path) -> None:
 def test_refuses_tampered_file_naming_it(variant: Path) -> None:
     with open(variant / "config.json", "a") as f:
         f.write(" ")
-    with pytest.raises(PublishError, match=r"^config\.json in .* does not match its sha256"):
+    with pytest.raises(VerifyError, match=r"^config\.json in .* does not match its sha256"):
         verify(variant)
 
 
 def test_refuses_missing_file_naming_it(variant: Path) -> None:
     os.remove(variant / "model-00002-of-00002.safetensors")
-    with pytest.raises(PublishError, match="missing model-00002-of-00002.safetensors"):
+    with pytest.raises(VerifyError, match="missing model-00002-of-00002.safetensors"):
         verify(variant)
 
 
@@ -308,7 +309,7 @@ def test_refuses_unlisted_files_naming_them(variant: Path) -> None:
     (variant / ".DS_Store").write_bytes(b"junk")
     (variant / "sub").mkdir()
     (variant / "sub" / "notes.txt").write_text("x")
-    with pytest.raises(PublishError, match=r"not listed in mtpconv.json: \.DS_Store, sub/notes"):
+    with pytest.raises(VerifyError, match=r"not listed in mtpconv.json: \.DS_Store, sub/notes"):
         verify(variant)
 
 
@@ -330,7 +331,7 @@ def test_refuses_index_shard_not_in_manifest(tmp_path: Path) -> None:
     del manifest.files["model-00002-of-00002.safetensors"]
     os.remove(directory / "model-00002-of-00002.safetensors")
     write_manifest(directory, manifest)
-    with pytest.raises(PublishError, match="references shards .* model-00002-of-00002"):
+    with pytest.raises(VerifyError, match="references shards .* model-00002-of-00002"):
         verify(directory)
 
 
@@ -406,6 +407,31 @@ def test_cli_publish_prints_the_commit_url(
     assert "Uploading 7 files" in err and "Published org/x." in err
     assert api.calls[0][2] == {"token": TOKEN, "private": True, "exist_ok": True}
     assert TOKEN not in out + err
+
+
+def test_cli_dry_run_json_is_the_plan(variant: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(["publish", str(variant), "--dry-run", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["dry_run"] is True and doc["repo_id"] == "<your-username>/Tiny-MTP-mtpfp8"
+    assert len(doc["files"]) == 7 and doc["total_bytes"] == sum(f["size"] for f in doc["files"])
+    card = [f for f in doc["files"] if f["path"] == "README.md"]
+    assert card == [
+        {"path": "README.md", "size": len(doc["card"].encode()), "generated": True, "sha256": None}
+    ]
+    assert "base_model: acme/Tiny-MTP" in doc["card"]
+
+
+def test_cli_json_is_the_result(
+    variant: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(publish_cmd, "make_api", RecordingApi)
+    code, out, err = _run(["publish", str(variant), "--repo-id", "org/x", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["dry_run"] is False and doc["repo_id"] == "org/x"
+    assert doc["url"] == doc["commit_url"] == "https://huggingface.co/org/x/commit/c0ffee"
+    assert len(doc["files"]) == 7 and "Published" not in err
 
 
 def test_cli_quiet_prints_only_data(

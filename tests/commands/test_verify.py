@@ -19,7 +19,7 @@ from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.commands.publish import plan_publish
 from mtpconv.commands.quantize_mtp import quantize_mtp
 from mtpconv.commands.verify import verify_variant
-from mtpconv.errors import PublishError
+from mtpconv.errors import VerifyError
 from mtpconv.manifest import read_manifest
 from mtpconv.variant_check import FileState
 from tests.helpers import HUB_COMMIT, run_cli
@@ -71,7 +71,7 @@ def test_flipped_byte_in_linked_shard_is_named(tmp_path: Path, capsys: pytest.Ca
     _flip_byte(dst / linked)
     code, out, err = run_cli(["verify", str(dst)], capsys)
     assert code == 1 and linked in err and "restamped" in err
-    with pytest.raises(PublishError, match=linked):
+    with pytest.raises(VerifyError, match=linked):
         plan_publish(dst, offline=True)
 
 
@@ -82,7 +82,7 @@ def test_flipped_byte_in_rewritten_shard_is_named(tmp_path: Path, capsys: pytest
     doc = json.loads(out)
     assert code == 1 and doc["ok"] is False and doc["bad"] == [rewritten]
     assert rewritten in err
-    with pytest.raises(PublishError, match=rf"^{rewritten} in .* does not match its sha256"):
+    with pytest.raises(VerifyError, match=rf"^{rewritten} in .* does not match its sha256"):
         plan_publish(dst, offline=True)
 
 
@@ -96,7 +96,7 @@ def test_known_digest_of_linked_shard_catches_a_flip_that_keeps_mtime(
     _flip_byte(dst / linked, keep_mtime=True)
     code, _, err = run_cli(["verify", str(dst)], capsys)
     assert code == 1 and f"{linked} (changed)" in err
-    with pytest.raises(PublishError, match=linked):
+    with pytest.raises(VerifyError, match=linked):
         plan_publish(dst, offline=True)
 
 
@@ -114,6 +114,16 @@ def test_missing_and_unlisted_files_are_refused(tmp_path: Path, capsys: pytest.C
     code, _, err = run_cli(["verify", str(dst)], capsys)
     assert code == 1 and linked in err and "missing" in err
     assert run_cli(["verify", str(tmp_path / "src")], capsys)[0] == 1  # no manifest
+
+
+def test_empty_directory_is_a_verify_error_that_names_no_other_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(VerifyError, match="no mtpconv.json"):
+        verify_variant(tmp_path)
+    code, out, err = run_cli(["verify", str(tmp_path)], capsys)
+    assert (code, out) == (1, "")
+    assert err.startswith("Error: ") and err.count("\n") == 1 and "publish" not in err
 
 
 def test_old_manifest_without_unhashed_still_reads(tmp_path: Path) -> None:
