@@ -117,7 +117,11 @@ def test_bad_ids_refused(
     assert not (tmp_path / "v").exists()
 
 
-def test_draft_head_needs_qwen_drafter(tmp_path: Path) -> None:
+def test_draft_head_needs_a_drafter_the_plugin_serves(tmp_path: Path) -> None:
     src = write_checkpoint(tmp_path / "src", Spec(family="deepseek_v3"))
-    with pytest.raises(ConversionError, match="Qwen3.5"):
+    with pytest.raises(ConversionError) as err:
         quantize_mtp(str(src), tmp_path / "v", draft_vocab=_ids_file(tmp_path), device="cpu")
+    message = str(err.value)
+    assert "serves a truncated draft head for the drafters of mimo, " in message
+    assert "qwen3_5" in message and "this checkpoint is deepseek_v3" in message
+    assert not (tmp_path / "v").exists()
