@@ -81,7 +81,7 @@ from mtpconv.conversion_options import Device, HeadDtype
 app = typer.Typer(
     name="mtpconv",
     help="Quantize the MTP drafter of a checkpoint to FP8, build a truncated draft "
-    "vocabulary, repair quant configs, and publish the -mtpfp8 variant.",
+    "vocabulary, repair quant configs, publish the -mtpfp8 variant, and measure it in vLLM.",
     add_completion=False,
     pretty_exceptions_enable=False,
     # Plain help: typer's rich panels print a <bool> type after every flag (--help too).
