@@ -15,7 +15,14 @@ from typing import Any
 
 from mtpconv.checkpoint.safetensors_io import TensorInfo
 from mtpconv.errors import LayoutError, UnknownFamilyError
-from mtpconv.families import LAYER_KEYS, DrafterAt, Family, find_family
+from mtpconv.families import (
+    LAYER_INDEX,
+    LAYER_KEYS,
+    Family,
+    drafter_prefixes,
+    find_family,
+    layers_after_target,
+)
 from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.names import strip_text_prefix
 
@@ -31,14 +38,6 @@ from mtpconv.weight_names import linear_modules as linear_modules
 from mtpconv.weight_names import module_of as module_of
 from mtpconv.weight_names import storage_of as _storage_of
 
-_LAYER_RE = {
-    DrafterAt.MTP: re.compile(r"mtp\.layers\.(\d+)\."),
-    DrafterAt.MODEL_MTP: re.compile(r"model\.mtp\.layers\.(\d+)\."),
-    DrafterAt.AFTER_TARGET: re.compile(r"model\.layers\.(\d+)\."),
-    DrafterAt.MTP_LAYERS: re.compile(r"model\.mtp_layers\.(\d+)\."),
-    DrafterAt.MTP_PARTS: re.compile(r"model\.mtp_block\.(\d+)\."),
-    DrafterAt.MTP_INDEXED: re.compile(r"^mtp\.(\d+)\."),
-}
 # Tensor names that look like a drafter's, for the error on a family no row matches.
 _CANDIDATE = re.compile(r"(^|\.)(mtp|mtp_layers|nextn|eh_proj|enorm|hnorm|shared_head)(\.|$)")
 
@@ -178,7 +177,7 @@ def detect_layout(
             declared = _int(config, *row.layer_keys)
         if declared is None:  # a family whose vLLM class builds a fixed number of MTP layers
             declared = row.fixed_layers
-        prefixes = _prefixes(row, names, n_layers, declared)
+        prefixes = drafter_prefixes(row, names, n_layers, declared)
     drafter = [n for n in names if n.startswith(prefixes)] if prefixes else []
     extra = row.linear_leaves if row is not None else ()
     linears, kept = _split_plain(row, _drafter_linears(drafter, tensors, extra))
@@ -201,26 +200,6 @@ def detect_layout(
     )
 
 
-def _prefixes(row: Family, names: list[str], n_layers: int | None, declared: int | None) -> tuple[str, ...]:
-    """The name prefixes of the drafter's tensors, where the row says they live."""
-    if row.drafter_at is DrafterAt.MTP_LAYERS:
-        return ("model.mtp_layers.",)
-    if row.drafter_at is DrafterAt.MODEL_MTP:
-        return ("model.mtp.",)
-    if row.drafter_at is DrafterAt.MTP_PARTS:
-        return tuple(f"model.mtp_{part}." for part in ("block", "emb_norm", "hidden_norm", "linear_proj"))
-    if row.drafter_at in (DrafterAt.MTP, DrafterAt.MTP_INDEXED):
-        mtp_names = [n for n in names if strip_text_prefix(n)[1].startswith("mtp.")]
-        return (f"{strip_text_prefix(mtp_names[0])[0] if mtp_names else ''}mtp.",)
-    layered = _layers_after_target(names, n_layers)
-    start = n_layers or 0
-    count = declared if declared is not None else len(layered)
-    # a VLM keeps its text layers, the drafter's included, under its text prefix (GLM-OCR, Kimi-K3)
-    vlm = ("model.language_model.", "language_model.model.")
-    base = next((b for b in vlm if any(n.startswith(b + "layers.") for n in names)), "model.")
-    return tuple(f"{base}layers.{start + i}." for i in range(count))
-
-
 def _no_row(
     config: Mapping[str, Any], tcfg: Mapping[str, Any], names: list[str], n_layers: int | None
 ) -> None:
@@ -228,7 +207,7 @@ def _no_row(
     keys = {k: tcfg.get(k, config.get(k)) for k in LAYER_KEYS if k in tcfg or k in config}
     declared = {k: v for k, v in keys.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
     candidates = [n for n in names if _CANDIDATE.search(n)]
-    candidates += [f"model.layers.{i}.*" for i in _layers_after_target(names, n_layers, any_module=True)]
+    candidates += [f"model.layers.{i}.*" for i in layers_after_target(names, n_layers, any_module=True)]
     if not declared and not candidates:
         return
     types = sorted({str(t) for t in (config.get("model_type"), tcfg.get("model_type")) if t})
@@ -237,7 +216,7 @@ def _no_row(
     raise UnknownFamilyError(
         f"config.json declares MTP layers ({declared or 'no layer-count key'}; model_type {types or '?'}, "
         f"architectures {archs or '?'}) with candidate drafter tensors [{shown or 'none'}], but no "
-        "mtpconv family row matches it: missing a row in mtpconv/families.py for this model_type "
+        "mtpconv family row matches it: missing a row in mtpconv/families/rows.py for this model_type "
         "(read its vLLM *_mtp.py); open an issue with this message."
     )
 
@@ -255,22 +234,11 @@ def _split_plain(row: Family | None, linears: list[Linear]) -> tuple[list[Linear
     return keep, kept
 
 
-def _layers_after_target(names: list[str], n_layers: int | None, *, any_module: bool = False) -> list[int]:
-    """Indices ``>= num_hidden_layers`` of ``model[.language_model].layers.*`` holding an
-    ``eh_proj`` (any tensor)."""
-    if n_layers is None:
-        return []
-    tail = "" if any_module else r"eh_proj\."
-    pattern = re.compile(r"(?:language_model\.)?model\.(?:language_model\.)?layers\.(\d+)\." + tail)
-    found = {int(m.group(1)) for n in names if (m := pattern.match(n))}
-    return sorted(i for i in found if i >= n_layers)
-
-
 def _count_layers(row: Family | None, tcfg: Mapping[str, Any], drafter: list[str]) -> int:
     """MTP layers (steps) stored: distinct layer indices, per step where a step spans several."""
     if row is None:
         return 0
-    pattern = _LAYER_RE[row.drafter_at]
+    pattern = LAYER_INDEX[row.drafter_at]
     stored = len({m.group(1) for n in drafter if (m := pattern.search(n))})
     step = tcfg.get(row.step_pattern_key) if row.step_pattern_key else None
     if isinstance(step, str) and step:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from mtpconv.checkpoint.safetensors_io import FLOAT_DTYPES, TensorInfo
+from mtpconv.families.kimi_k3 import PER_EXPERT_W
 
 # Last name component of 2-D modules vLLM never quantizes (lookups, routers; "embeddings": Nemotron-H's
 # embed_tokens), and of those we keep out of the FP8 linears too (heads: the draft head is separate).
@@ -26,7 +27,6 @@ NOT_LINEAR = _NEVER_QUANTIZED | {"head", "lm_head", "draft_lm_head"}
 # ``dense``: Bailing-V3's attention output projection
 _LINEAR_NAME = re.compile(r"(_proj|_proj_with_mqa|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_proj|^dense)$")
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
-_EXPERT_W = re.compile(r"\.experts\.\d+\.w[123]$")  # per-expert w1/w2/w3 (Kimi-K3)
 # compressed-tensors names: the packed NVFP4 weight and its float32 global scales.
 CT_PACKED = ".weight_packed"
 _CT_SUFFIXES = (CT_PACKED, ".weight_global_scale", ".input_global_scale")
@@ -271,7 +271,7 @@ def is_linear_module(module: str, extra: Collection[str] = ()) -> bool:
     """Whether a drafter module's name is one of the linears quantize-mtp makes FP8 (by name
     alone: callers without tensor headers; `detect_layout` also checks the shapes). ``extra``:
     the family row's `linear_leaves` (DeepSeek-V4's ``wq_a`` / ``w1`` ...)."""
-    if _FUSED_EXPERTS.search(module) or _EXPERT_W.search(module):
+    if _FUSED_EXPERTS.search(module) or PER_EXPERT_W.search(module):
         return True
     last = module.rsplit(".", 1)[-1]
     return last not in NOT_LINEAR and (last in extra or bool(_LINEAR_NAME.search(last)))

@@ -239,7 +239,12 @@ def test_an_unknown_mtp_family_is_one_clear_error_and_inspect_still_reports(
     assert code == 1
     assert "brand_new_moe" in out and "quantization" in out  # the rest of the report is printed
     assert err.count("Error:") == 1
-    for part in ("num_nextn_predict_layers", "brand_new_moe", "model.mtp.layers.0", "mtpconv/families.py"):
+    for part in (
+        "num_nextn_predict_layers",
+        "brand_new_moe",
+        "model.mtp.layers.0",
+        "mtpconv/families/rows.py",
+    ):
         assert part in err, part
     code, _, err = run_cli(["quantize-mtp", str(src), str(tmp_path / "dst")], capsys)
     assert code == 1 and "no mtpconv family row matches" in err

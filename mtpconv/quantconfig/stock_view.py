@@ -3,7 +3,7 @@
 For a source: what the declaration `standard.declare_drafter` would write (the same code
 quantize-mtp runs); for a variant: what its own configs declare. Either way the declared
 algorithm comes from `declarations.declared_algorithm` on the name vLLM's quant config
-sees (`standard.vllm_drafter_key`), and what vLLM builds for it from its dispatch sets
+sees (`families.vllm_drafter_key`), and what vLLM builds for it from its dispatch sets
 (`standard.VLLM_MIXED_LINEAR_ALGOS` / `VLLM_MIXED_MOE_ALGOS`). No rule is restated here.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from mtpconv.checkpoint.safetensors_io import TensorInfo
 from mtpconv.errors import MtpconvError
-from mtpconv.families import mtp_start_layer
+from mtpconv.families import mtp_start_layer, vllm_drafter_key
 from mtpconv.layouts import Linear, MtpLayout, text_config
 from mtpconv.names import fold_expert_index
 from mtpconv.quantconfig import compressed_tensors as ct
@@ -27,7 +27,6 @@ from mtpconv.quantconfig.standard import (
     VLLM_MIXED_MOE_ALGOS,
     DeclarationStyle,
     declare_drafter,
-    vllm_drafter_key,
 )
 from mtpconv.weight_names import CheckpointModules
 

@@ -2,7 +2,7 @@
 
 vLLM builds MiMo's MTP block with the module prefix ``model.layers.{N + i}`` while the
 checkpoint stores it as ``model.mtp_layers.{i}`` (``N`` target layers); the one
-translation, :func:`~mtpconv.quantconfig.standard.vllm_drafter_key`, tells the FP8 config
+translation, :func:`~mtpconv.families.vllm_drafter_key`, tells the FP8 config
 which vLLM modules are the manifest's FP8 linears. ``input_proj`` is a plain ``nn.Linear``
 in vLLM and stays BF16. vLLM's forward is kept: it never branches on the pipeline stage.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from vllm.config import VllmConfig
 from vllm.model_executor.models.mimo_mtp import MiMoMTP
 
-from mtpconv.quantconfig.standard import vllm_drafter_key
+from mtpconv.families import vllm_drafter_key
 from mtpconv.vllm_plugin.drafter import MtpconvDrafterMixin
 from mtpconv.vllm_plugin.settings import DrafterSettings
 

@@ -1,6 +1,6 @@
 """DeepSeek-V4's vLLM name rule against vLLM's own loader functions (needs vLLM).
 
-`standard.vllm_drafter_key` says DeepSeek-V4's ``mtp.{i}.X`` is ``model.layers.{N + i}.X`` in the
+`families.vllm_drafter_key` says DeepSeek-V4's ``mtp.{i}.X`` is ``model.layers.{N + i}.X`` in the
 quant config. vLLM's ``DeepSeekV4MTP`` gets there in two steps: ``_to_spec_layer_name`` /
 ``_rewrite_spec_layer_name`` give the parameter path ``model.layers.{N + i}[.mtp_block].X``, and
 its decoder layer is built with the layer's own prefix (``DeepseekV4DecoderLayer(vllm_config,
@@ -17,7 +17,7 @@ import pytest
 from fixtures.family_checkpoints import LAYERS, write_family_checkpoint
 from fixtures.vllm_stub import run_with_vllm
 from mtpconv.commands.quantize_mtp import quantize_mtp
-from mtpconv.quantconfig.standard import vllm_drafter_key
+from mtpconv.families import vllm_drafter_key
 from tests.helpers import raw_tensors
 
 _NAMES = r"""

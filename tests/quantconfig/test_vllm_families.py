@@ -19,9 +19,8 @@ from fixtures.family_checkpoints import BUILDERS, write_family_checkpoint
 from fixtures.vllm_stub import run_with_vllm
 from mtpconv.checkpoint.index import load_checkpoint_files
 from mtpconv.commands.quantize_mtp import quantize_mtp
-from mtpconv.families import BY_NAME, mtp_start_layer
+from mtpconv.families import BY_NAME, mtp_start_layer, vllm_drafter_key
 from mtpconv.layouts import linear_modules
-from mtpconv.quantconfig.standard import vllm_drafter_key
 
 _ORACLE = r"""
 import importlib, json, sys

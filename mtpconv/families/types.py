@@ -119,11 +119,3 @@ class Family:
             return False
         pattern = re.compile(self.marker)
         return any(pattern.search(n) for n in names)
-
-
-# Kimi-K3 (vllm/models/kimi_k3/nvidia/mtp.py, model.py): why its drafter linears stay BF16.
-REPLICATED_NO_QUANT = "builds it as a ReplicatedLinear with quant_config=None (no FP8 possible)"
-NOT_IN_MTP_BLOCK = (
-    "does not build it in the MTP block (attn_res_block_size=None; the loader skips the "
-    "stored quant_config=None weight, kept as stored)"
-)
