@@ -5,7 +5,9 @@
 # next 8), converts it with the real CLI on the GPU (next: with a 32k FP8 draft head from
 # examples/corpus.jsonl), then runs `mtpconv eval` (k = 3, batch 1 and 8, 128 tokens, vLLM's
 # defaults: torch.compile and CUDA graphs) on the runner asked for (default: vLLM's choice;
-# v1 / v2 set VLLM_USE_V2_MODEL_RUNNER). ROWS= limits the rows. Writes $OUT/<stage>-<runner>.json
+# v1 / v2 set VLLM_USE_V2_MODEL_RUNNER). ROWS= limits the rows (ROWS=none: no eval). PROFILE=row,row
+# then splits a batch-1 step of each row named (step_profile.py: target, drafter, head, idle) into
+# $OUT/<stage>-<runner>-profile-<row>.json. Writes $OUT/<stage>-<runner>.json
 # (the report) and $OUT/<stage>-<runner>-logs.tgz (each row's log and result). The checkpoints stay
 # in /tmp/e2e for the next stage on a warm machine. Ends before the device's 600 s call limit
 # (DEADLINE= seconds, default 570): a row still running then is stopped and its log kept.
@@ -44,10 +46,17 @@ fi
 echo "checkpoints ready in $((SECONDS - t0)) s; $(du -sh "$SRC" | cut -f1) source" >&2
 export TMPDIR=/tmp/e2e/rows-$STAGE-$RUNNER
 rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
-timeout $((END - SECONDS)) "${MTPCONV[@]}" eval "$SRC" "$VAR" -k 3 --batch 1,8 --max-tokens 128 \
+rc=0
+[ "${ROWS:-}" = none ] || timeout $((END - SECONDS)) "${MTPCONV[@]}" eval "$SRC" "$VAR" -k 3 --batch 1,8 --max-tokens 128 \
   ${ROWS:+--rows "$ROWS"} --engine-arg max_model_len=4096 "${ENGINE[@]}" --json --no-save \
-  > "$OUT/$STAGE-$RUNNER.json"
-rc=$?
+  > "$OUT/$STAGE-$RUNNER.json" || rc=$?
+for row in ${PROFILE:+${PROFILE//,/ }}; do
+  case $row in variant-*) MODEL=$VAR ;; *) MODEL=$SRC ;; esac
+  timeout $((END - SECONDS)) python3 -m benchmarks.gpu_e2e.step_profile "$MODEL" --row "$row" -k 3 \
+    --out "$OUT/$STAGE-$RUNNER-profile-$row.json" --engine-arg max_model_len=4096 "${ENGINE[@]}" \
+    > "$TMPDIR/profile-$row.log" 2>&1 || rc=$?
+  grep -A3 "^$row on" "$TMPDIR/profile-$row.log" >&2
+done
 tar czf "$OUT/$STAGE-$RUNNER-logs.tgz" -C "$TMPDIR" . 2>/dev/null
 echo "stage $STAGE ($RUNNER) ended with $rc after $SECONDS s" >&2
 exit $rc
