@@ -182,7 +182,7 @@ _TRANSPORT_ERRORS = {
     "requests": ("ConnectionError", "Timeout"),
 }
 _HUB_MODULES = ("huggingface_hub", *_TRANSPORT_ERRORS)
-_LOGIN_HINT = " Log in with `hf auth login` or pass --token."
+_LOGIN_HINT = " Log in with `hf auth login` or set HF_TOKEN."
 _FORBIDDEN_HINT = " Your token cannot write there; check its permissions and the namespace."
 
 
