@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from mtpconv.errors import DraftVocabError
+from mtpconv.errors import DraftVocabError, Param
 
 TEXT_SUFFIXES = frozenset({".txt", ".text", ".md"})
 JSONL_SUFFIXES = frozenset({".jsonl", ".ndjson"})
@@ -85,7 +85,7 @@ def discover_corpus_files(paths: Sequence[str | os.PathLike[str]]) -> list[Corpu
     or Parquet; inside a directory only recognised names are taken.
     """
     if not paths:
-        raise DraftVocabError("no corpus given; pass at least one --corpus PATH.")
+        raise DraftVocabError("no corpus given; pass at least one file or directory.")
     files: list[CorpusFile] = []
     for raw in paths:
         path = Path(raw)
@@ -100,7 +100,7 @@ def discover_corpus_files(paths: Sequence[str | os.PathLike[str]]) -> list[Corpu
             if not found:
                 raise DraftVocabError(
                     f"corpus directory {path} holds no .txt, .jsonl or .parquet file "
-                    "(optionally .gz); point --corpus at the files themselves."
+                    "(optionally .gz); name the files themselves."
                 )
             files.extend(found)
         elif path.is_file():
@@ -185,7 +185,9 @@ def _jsonl_texts(cf: CorpusFile, text_field: str) -> Iterator[tuple[str, BinaryI
         else:
             raise DraftVocabError(
                 f"{where} has neither a string {text_field!r} field nor a 'messages' list; "
-                "name the text field with --text-field."
+                "name the text field with ",
+                Param("text_field"),
+                ".",
             )
 
 
@@ -218,7 +220,9 @@ def _parquet_batches(cf: CorpusFile, text_field: str, batch_chars: int) -> Itera
     if text_field not in names:
         raise DraftVocabError(
             f"corpus file {cf.path} has no column {text_field!r} (columns: {', '.join(names)}); "
-            "name the text column with --text-field."
+            "name the text column with ",
+            Param("text_field"),
+            ".",
         )
     column_type = pf.schema_arrow.field(text_field).type
     if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):

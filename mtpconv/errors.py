@@ -1,24 +1,65 @@
 """The one error hierarchy of mtpconv.
 
 Every message is a sentence a user can act on: it names the file, the tensor
-and what to do. The CLI turns any `MtpconvError` into a single `Error: ...`
-line on stderr and exit code 1. Two paths are written here once: the interrupt
-path (:func:`sigterm_interrupts`, :func:`interrupted`, :func:`interruptible`) and the
-Hub-error map (:func:`hub_errors`), which every huggingface_hub call goes through.
+and what to do. It names the library's own parameters (:class:`Param`), never a
+command-line flag: the CLI writes each as its command's flag and turns any
+`MtpconvError` into a single `Error: ...` line on stderr and exit code 1. Two
+paths are written here once: the interrupt path (:func:`sigterm_interrupts`,
+:func:`interrupted`, :func:`interruptible`) and the Hub-error map
+(:func:`hub_errors`), which every huggingface_hub call goes through.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Param:
+    """A parameter of a library call, named in an error message.
+
+    ``name`` is the keyword of the public function the caller called (``size``,
+    ``force``, ``text_field``); ``value``, when given, is the value the message is about
+    or a placeholder of what to pass. A library caller reads ``size=66``,
+    ``force=True``, ``repo_id='USER/NAME'`` or a bare ``text_field``; the command line
+    writes the flag its running command declares for the parameter of that name
+    instead (``--size 66``, ``--force``, ``--repo-id USER/NAME``, ``--text-field``).
+    """
+
+    name: str
+    value: bool | int | float | str | os.PathLike[str] | None = None
+
+    def __str__(self) -> str:
+        if self.value is None:
+            return self.name
+        return f"{self.name}={self.value!r}" if isinstance(self.value, str) else f"{self.name}={self.value}"
 
 
 class MtpconvError(Exception):
-    """Base class of every error mtpconv reports to a user."""
+    """Base class of every error mtpconv reports to a user.
+
+    The message is given in parts: text, and the :class:`Param` s it names.
+    ``str(error)`` writes each parameter as a library caller passes it;
+    :meth:`render` lets the command line write each as its flag.
+    """
 
     exit_code = 1
+
+    def __init__(self, *parts: str | Param) -> None:
+        super().__init__(*parts)
+        self.parts = parts
+
+    def __str__(self) -> str:
+        return self.render(str)
+
+    def render(self, spell: Callable[[Param], str]) -> str:
+        """The message with each parameter it names written by ``spell``."""
+        return "".join(part if isinstance(part, str) else spell(part) for part in self.parts)
 
 
 class SourceError(MtpconvError):
@@ -141,7 +182,7 @@ _TRANSPORT_ERRORS = {
     "requests": ("ConnectionError", "Timeout"),
 }
 _HUB_MODULES = ("huggingface_hub", *_TRANSPORT_ERRORS)
-_LOGIN_HINT = " Log in with `hf auth login` or pass --token."
+_LOGIN_HINT = " Log in with `hf auth login` or set HF_TOKEN."
 _FORBIDDEN_HINT = " Your token cannot write there; check its permissions and the namespace."
 
 

@@ -387,8 +387,8 @@ def _license_section(lic: LicenseInfo, source_repo: str | None) -> list[str]:
         lines.append(f"- Source: [{source_repo}](https://huggingface.co/{source_repo}).")
     else:
         lines.append(
-            "- Source: a local checkpoint; its base model on the Hub is unknown (publish with "
-            "`--base-model ID` to name it)."
+            "- Source: a local checkpoint; its base model on the Hub is unknown (none was named "
+            "when it was published)."
         )
     if lic.license and lic.found_in:
         name = f" ({lic.license_name})" if lic.license_name else ""

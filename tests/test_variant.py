@@ -158,7 +158,7 @@ def test_fused_experts_scale_per_expert(tmp_path: Path) -> None:
 def test_refusals(nvfp4_vlm_moe: Path, tmp_path: Path) -> None:
     dst = tmp_path / "v"
     quantize_mtp(str(nvfp4_vlm_moe), dst, device="cpu", fp8_from_4bit=True)
-    with pytest.raises(OutputError, match="already exists"):
+    with pytest.raises(OutputError, match="already exists; pass force=True to replace it"):
         quantize_mtp(str(nvfp4_vlm_moe), dst, device="cpu", fp8_from_4bit=True)
     with pytest.raises(ConversionError, match="already an -mtpfp8 variant"):
         quantize_mtp(str(dst), tmp_path / "again", device="cpu", fp8_from_4bit=True)

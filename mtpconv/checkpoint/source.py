@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mtpconv.checkpoint.index import CheckpointFiles, load_checkpoint_files
 from mtpconv.checkpoint.safetensors_io import SafetensorsHeader, TensorInfo
-from mtpconv.errors import SourceError, hub_errors
+from mtpconv.errors import Param, SourceError, hub_errors
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # Small files a conversion needs besides the weights (and which inspect reads).
@@ -55,7 +55,7 @@ def resolve_source(
         if not path.is_dir():
             raise SourceError(f"{spec} is a file; give the checkpoint directory.")
         if revision:
-            raise SourceError(f"--revision applies to Hub repo ids, not the local path {spec}.")
+            raise SourceError(Param("revision"), f" applies to Hub repo ids, not the local path {spec}.")
         return Source(spec=spec, directory=path)
     if not looks_like_repo_id(spec):
         raise SourceError(f"{spec} is neither a directory nor a Hub repo id (owner/name).")

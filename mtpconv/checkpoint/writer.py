@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from mtpconv.checkpoint.direct_write import DirectFile
 from mtpconv.checkpoint.index import INDEX_NAME, index_text
 from mtpconv.checkpoint.safetensors_io import DTYPE_SIZES, torch_dtype
-from mtpconv.errors import OutputError
+from mtpconv.errors import OutputError, Param
 from mtpconv.jsonio import write_text_durably
 
 if TYPE_CHECKING:
@@ -325,7 +325,7 @@ def atomic_output_dir(dst: Path, *, force: bool = False) -> Iterator[Path]:
     with _lock(dst):
         _remove_stale_temps(dst)
         if dst.exists() and not force:
-            raise OutputError(f"{dst} already exists; pass --force to replace it.")
+            raise OutputError(f"{dst} already exists; pass ", Param("force", True), " to replace it.")
         tmp = dst.parent / f".{dst.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:

@@ -1,7 +1,10 @@
 """The ``mtpconv`` Typer app: each command parses its flags, calls one function, renders.
 
 Every known failure is an :class:`~mtpconv.errors.MtpconvError`; :func:`main` turns
-it into one ``Error: ...`` line on stderr and its exit code, and a usage error
+it into one ``Error: ...`` line on stderr and its exit code, each library parameter it
+names (:class:`~mtpconv.errors.Param`) written as the running command's flag: so a
+command's parameters are called as the keywords of the library function it calls
+(``corpora`` takes ``--corpus``). A usage error
 (a bad flag, a wrong choice, a missing argument) into one ``Error: ...`` line and
 exit 2, before anything is read or written. Tracebacks only with ``--debug``.
 Library functions are imported inside their command so ``mtpconv --help`` does not
@@ -13,10 +16,12 @@ set-draft-window, verify, publish, eval), each with an example under its help.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, NoReturn, TypeVar
 
 import typer
+from typer.core import TyperGroup, TyperOption
 
 from mtpconv import __version__, console
 from mtpconv.cli import render
@@ -77,6 +82,7 @@ from mtpconv.cli.options import (
     WindowArg,
 )
 from mtpconv.conversion_options import Device, HeadDtype
+from mtpconv.errors import Param
 
 app = typer.Typer(
     name="mtpconv",
@@ -90,7 +96,17 @@ app = typer.Typer(
     context_settings={"max_content_width": 120},
 )
 
-_state = {"debug": False}
+
+@dataclass
+class _Run:
+    """This run's settings: tracebacks (``--debug``), and the long flag of each option of
+    the command that runs, by its parameter's name (``{"size": "--size"}``)."""
+
+    debug: bool = False
+    flags: dict[str, str] = field(default_factory=dict)
+
+
+_run = _Run()
 
 _Command = TypeVar("_Command", bound=Callable[..., None])
 
@@ -113,12 +129,22 @@ def _apply_switches(*, quiet: bool, debug: bool) -> None:
     if quiet:
         console.set_quiet(True)
     if debug:
-        _state["debug"] = True
+        _run.debug = True
 
 
 def debug_requested() -> bool:
     """Whether this run asked for tracebacks (``--debug``, before or after the command)."""
-    return _state["debug"]
+    return _run.debug
+
+
+def as_flag(param: Param) -> str:
+    """A library parameter an error names, as the running command's flag for it:
+    ``--size 66``, ``--force`` (a bool names a switch), ``--text-field``; as the library
+    writes it (``size=66``) where the command has no option of that name."""
+    flag = _run.flags.get(param.name)
+    if flag is None:
+        return str(param)
+    return flag if param.value is None or isinstance(param.value, bool) else f"{flag} {param.value}"
 
 
 def _usage_error(message: str) -> NoReturn:
@@ -146,11 +172,19 @@ def _global_options(
 ) -> None:
     # Reset first: in-process callers (tests, embedders) run several commands.
     console.set_quiet(False)
-    _state["debug"] = False
+    _run.debug = False
+    _run.flags = {}
     _apply_switches(quiet=quiet, debug=debug)
     if ctx.invoked_subcommand is None:  # bare `mtpconv`: the help, as a usage error
         typer.echo(ctx.get_help(), err=True)
         raise typer.Exit(2)
+    group = ctx.command
+    command = group.get_command(ctx, ctx.invoked_subcommand) if isinstance(group, TyperGroup) else None
+    _run.flags = {
+        option.name: next((o for o in option.opts if o.startswith("--")), option.opts[0])
+        for option in (command.params if command is not None else [])
+        if isinstance(option, TyperOption) and option.name
+    }
 
 
 @_command("inspect", example="mtpconv inspect nvidia/Qwen3.5-397B-A17B-NVFP4")
@@ -223,12 +257,12 @@ def build_draft_vocab_cmd(
     source: SourceArg,
     *,
     size: SizeOpt,
-    corpus: CorpusOpt = None,
+    corpora: CorpusOpt = None,
     output: OutputOpt = Path("mtp_draft_vocab_ids.pt"),
     revision: RevisionOpt = None,
     text_field: TextFieldOpt = "text",
     max_tokens: MaxTokensOpt = None,
-    eval_corpus: EvalCorpusOpt = None,
+    eval_corpora: EvalCorpusOpt = None,
     balance_tp: BalanceTpOpt = None,
     plot: PlotOpt = None,
     generate: GenerateOpt = None,
@@ -244,7 +278,7 @@ def build_draft_vocab_cmd(
 ) -> None:
     """Count token frequencies (of a corpus or the model's own outputs); keep the top-K ids."""
     _apply_switches(quiet=quiet, debug=debug)
-    if not corpus and generate is None:
+    if not corpora and generate is None:
         _usage_error(
             "Missing option '--corpus' (or --generate PROMPTS.jsonl): give a corpus, prompts, or both."
         )
@@ -257,13 +291,13 @@ def build_draft_vocab_cmd(
     with bar as progress:
         report = build_draft_vocab(
             source,
-            corpus or [],
+            corpora or [],
             size,
             output,
             revision=revision,
             text_field=text_field,
             max_tokens=max_tokens,
-            eval_corpora=eval_corpus or (),
+            eval_corpora=eval_corpora or (),
             balance_tp=balance_tp,
             plot=plot,
             progress=None if generate is not None else progress,

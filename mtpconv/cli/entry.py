@@ -10,7 +10,7 @@ import sys
 import typer
 
 from mtpconv import console, gc_pause
-from mtpconv.cli.app import app, debug_requested
+from mtpconv.cli.app import app, as_flag, debug_requested
 from mtpconv.errors import MtpconvError, interrupted, sigterm_interrupts
 
 
@@ -36,7 +36,7 @@ def _run(argv: list[str] | None) -> int:
         return exc.exit_code
     except MtpconvError as exc:
         _show_traceback()
-        console.error(str(exc))
+        console.error(exc.render(as_flag))
         return exc.exit_code
     except OSError as exc:
         # The library maps the failures it expects; any other OS failure (a full disk

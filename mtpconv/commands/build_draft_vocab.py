@@ -36,7 +36,7 @@ from mtpconv.draft_vocab.selection import (
     select_draft_ids,
 )
 from mtpconv.draft_vocab.tokenizer import TokenizerInfo, load_tokenizer_info, resolve_tokenizer_source
-from mtpconv.errors import DraftVocabError, DraftVocabUsageError
+from mtpconv.errors import DraftVocabError, DraftVocabUsageError, Param
 from mtpconv.formats.draft_ids import save_draft_vocab_ids, sidecar_path
 from mtpconv.jsonio import dumps_json, write_text_durably
 
@@ -53,20 +53,27 @@ def _check_sources(
 ) -> float | None:
     """Usage errors of the count's sources (exit 2, nothing read yet); the mixing weight."""
     if not corpora and generate is None:
-        raise DraftVocabUsageError("give --corpus PATH, --generate PROMPTS.jsonl, or both.")
+        raise DraftVocabUsageError("give ", Param("corpora"), ", ", Param("generate"), ", or both.")
     if generated_weight is not None and not (corpora and generate is not None):
-        raise DraftVocabUsageError("--generated-weight mixes --generate with --corpus; give both or drop it.")
+        raise DraftVocabUsageError(
+            Param("generated_weight"),
+            " mixes ",
+            Param("generate"),
+            " with ",
+            Param("corpora"),
+            "; give both or drop it.",
+        )
     if generated_weight is not None and not 0.0 < generated_weight < 1.0:
         raise DraftVocabUsageError(
-            f"--generated-weight {generated_weight} must lie strictly between 0 and 1 "
-            "(the share of generated text in the counts)."
+            Param("generated_weight", generated_weight),
+            " must lie strictly between 0 and 1 (the share of generated text in the counts).",
         )
     if sampling.max_new_tokens < 1:
-        raise DraftVocabUsageError(f"--max-new-tokens {sampling.max_new_tokens} must be at least 1.")
+        raise DraftVocabUsageError(Param("max_new_tokens", sampling.max_new_tokens), " must be at least 1.")
     if sampling.temperature < 0:
-        raise DraftVocabUsageError(f"--temperature {sampling.temperature} must be >= 0 (0 = greedy).")
+        raise DraftVocabUsageError(Param("temperature", sampling.temperature), " must be >= 0 (0 = greedy).")
     if not 0.0 < sampling.top_p <= 1.0:
-        raise DraftVocabUsageError(f"--top-p {sampling.top_p} must lie in (0, 1].")
+        raise DraftVocabUsageError(Param("top_p", sampling.top_p), " must lie in (0, 1].")
     if generate is None:
         return None
     return (
@@ -119,19 +126,13 @@ def _check_request(
     out: Path,
 ) -> None:
     """Every refusal that needs no corpus, so none waits for a count."""
-    vocab_size = info.vocab_size
-    if not 1 <= size <= vocab_size:
-        raise DraftVocabError(f"--size {size} must be between 1 and vocab_size {vocab_size}.")
     if max_tokens is not None and max_tokens < 1:
-        raise DraftVocabError(f"--max-tokens {max_tokens} must be at least 1.")
-    if balance_tp is not None and (balance_tp < 1 or size % balance_tp):
-        raise DraftVocabError(
-            f"--size {size} is not divisible by --balance-tp {balance_tp}; pick a multiple of {balance_tp}."
-        )
-    # A too-small K or an impossible TP split fails on an empty count.
-    select_draft_ids(np.zeros(vocab_size, np.int64), size, forced=forced, balance_tp=balance_tp)
+        raise DraftVocabError(Param("max_tokens", max_tokens), " must be at least 1.")
+    # A size out of range, too small for the forced ids or not split evenly by
+    # balance_tp fails on an empty count.
+    select_draft_ids(np.zeros(info.vocab_size, np.int64), size, forced=forced, balance_tp=balance_tp)
     if out.is_dir():
-        raise DraftVocabError(f"--output {out} is a directory; give a file name such as ids.pt.")
+        raise DraftVocabError(Param("output", out), " is a directory; give a file name such as ids.pt.")
 
 
 def _held_out(

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mtpconv import __version__
-from mtpconv.errors import PublishError, hub_errors
+from mtpconv.errors import Param, PublishError, hub_errors
 from mtpconv.manifest import EVAL_REPORT_NAME, MANIFEST_NAME, Manifest
 from mtpconv.model_card import CARD_NAME, build_model_card
 from mtpconv.units import human_bytes
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 VARIANT_SUFFIX = "-mtpfp8"
 USER_PLACEHOLDER = "<your-username>"
+# What an error asks for when the repo id is missing or malformed.
+_REPO_ID_TO_PASS = Param("repo_id", "USER/NAME")
 
 
 class HubApi(Protocol):
@@ -152,7 +154,9 @@ def default_repo_name(manifest: Manifest) -> str:
         base = PurePosixPath(path.replace("\\", "/").rstrip("/")).name
     else:
         raise PublishError(
-            f"{MANIFEST_NAME} records neither a source repo id nor a source path; pass --repo-id USER/NAME."
+            f"{MANIFEST_NAME} records neither a source repo id nor a source path; pass ",
+            _REPO_ID_TO_PASS,
+            ".",
         )
     return base if base.endswith(VARIANT_SUFFIX) else base + VARIANT_SUFFIX
 
@@ -182,7 +186,7 @@ def plan_publish(
     ``base_model`` (a local source records none).
     """
     if base_model is not None:
-        validate_hub_repo_id(base_model, "--base-model ID")
+        validate_hub_repo_id(base_model, Param("base_model", "ID"))
     root = Path(directory)
     manifest = check_variant_structure(root)
     target = repo_id or default_repo_name(manifest)
@@ -256,8 +260,11 @@ def upload_plan(
             is_private = bool(getattr(hub.repo_info(repo_id, token=token), "private", False))
         if not is_private:
             raise PublishError(
-                f"{repo_id} already exists and is public; --private would not change that. "
-                "Make it private on the Hub first, or publish without --private."
+                f"{repo_id} already exists and is public; ",
+                Param("private", True),
+                " would not change that. Make it private on the Hub first, or publish without ",
+                Param("private", True),
+                ".",
             )
     rev = plan.revision
     if rev and rev != "main" and not rev.startswith("refs/"):
@@ -315,7 +322,7 @@ def _progress_bars(show: bool) -> Iterator[None]:
 
 
 def _validate_repo_id(repo_id: str) -> None:
-    validate_hub_repo_id(repo_id, "--repo-id USER/NAME")
+    validate_hub_repo_id(repo_id, _REPO_ID_TO_PASS)
 
 
 def repo_id_problem(repo_id: str) -> str | None:
@@ -334,11 +341,11 @@ def repo_id_problem(repo_id: str) -> str | None:
     return None
 
 
-def validate_hub_repo_id(repo_id: str, flag: str) -> None:
-    """Raise `PublishError` unless ``repo_id`` is a valid Hub repo id (``flag``: what to pass)."""
+def validate_hub_repo_id(repo_id: str, param: Param) -> None:
+    """Raise `PublishError` unless ``repo_id`` is a valid Hub repo id (``param``: what to pass)."""
     problem = repo_id_problem(repo_id)
     if problem is not None:
-        raise PublishError(f"{problem}; pass {flag}.")
+        raise PublishError(f"{problem}; pass ", param, ".")
 
 
 def _str_attr(obj: Any, name: str) -> str | None:

@@ -18,7 +18,7 @@ from mtpconv.checkpoint.index import CheckpointFiles
 from mtpconv.checkpoint.source import Source, open_checkpoint
 from mtpconv.checkpoint.writer import atomic_output_dir
 from mtpconv.conversion_options import Device, HeadDtype
-from mtpconv.errors import ConversionError, interruptible
+from mtpconv.errors import ConversionError, Param, interruptible
 from mtpconv.gc_pause import paused_gc
 from mtpconv.jsonio import read_json
 from mtpconv.layouts import MtpLayout, detect_layout, module_of
@@ -204,13 +204,13 @@ def quantize_mtp(
     low_bit = low_bit_drafter(layout, files.tensors)
     unreadable = unreadable_drafter(layout)
     if low_bit is not None and not fp8_from_4bit:
-        anyway = (
-            f"and {unreadable}"
-            if unreadable is not None
-            else "to convert it anyway, ask quantize-mtp for FP8 from a 4-bit drafter explicitly "
-            "(mtpconv quantize-mtp --help)"
+        if unreadable is not None:
+            raise ConversionError(f"{low_bit.describe()}. Nothing was written; and {unreadable}.")
+        raise ConversionError(
+            f"{low_bit.describe()}. Nothing was written; to convert it anyway, pass ",
+            Param("fp8_from_4bit", True),
+            ".",
         )
-        raise ConversionError(f"{low_bit.describe()}. Nothing was written; {anyway}.")
     if unreadable is not None:
         raise ConversionError(f"{unreadable}. Nothing was written.")
     with paused_gc():

@@ -71,7 +71,7 @@ def set_draft_window(directory: str | os.PathLike[str], window: int | None) -> D
     if not path.is_file():
         raise ManifestError(
             f"{root} has no {MANIFEST_NAME}: it is not an mtpconv variant. "
-            "Create one with `mtpconv quantize-mtp SRC DST` (it takes --draft-window too)."
+            "Create one with `mtpconv quantize-mtp SRC DST` (which can record the window itself)."
         )
     remedy = "convert the source again or restore the variant"
     doc = read_json(path, ManifestError, remedy=remedy)

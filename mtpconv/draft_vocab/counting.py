@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from mtpconv.checkpoint.digests import sha256_file
 from mtpconv.corpus import DEFAULT_BATCH_CHARS, CorpusFile, TextBatch, iter_text_batches
-from mtpconv.errors import DraftVocabError
+from mtpconv.errors import DraftVocabError, Param
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -153,7 +153,9 @@ def count_tokens(
         cf = files[i]
         if complete and tokens[i] == 0:
             raise DraftVocabError(
-                f"corpus file {cf.path} contains no text (0 tokens); remove it or check --text-field."
+                f"corpus file {cf.path} contains no text (0 tokens); remove it or check ",
+                Param("text_field"),
+                ".",
             )
         stats.append(
             CorpusFileStats(

@@ -20,7 +20,7 @@ import numpy as np
 
 from mtpconv.draft_vocab.counting import IntArray
 from mtpconv.draft_vocab.prompts import Prompt, PromptKind
-from mtpconv.errors import DraftVocabError
+from mtpconv.errors import DraftVocabError, Param
 
 if TYPE_CHECKING:
     from mtpconv.progress import ProgressCallback
@@ -55,18 +55,19 @@ class GeneratedCount:
 
 
 def require_vllm() -> None:
-    """Refuse ``--generate`` in one sentence when vLLM cannot be imported."""
+    """Refuse to ``generate`` in one sentence when vLLM cannot be imported."""
     try:
         # `import vllm` alone is lazy; importing the engine class loads vLLM for real.
         from vllm import LLM  # noqa: F401
     except ImportError as exc:
         raise DraftVocabError(
-            f"--generate runs the model in vLLM, which is not installed: {VLLM_HINT}."
+            Param("generate"), f" runs the model in vLLM, which is not installed: {VLLM_HINT}."
         ) from exc
     except Exception as exc:  # a broken install (e.g. mismatched torch extensions) fails otherwise
         raise DraftVocabError(
-            f"--generate runs the model in vLLM, which is installed but fails to import ({exc}); "
-            f"reinstall it: {VLLM_HINT}."
+            Param("generate"),
+            f" runs the model in vLLM, which is installed but fails to import ({exc}); "
+            f"reinstall it: {VLLM_HINT}.",
         ) from exc
 
 

@@ -7,18 +7,18 @@ from pathlib import Path
 import numpy as np
 
 from mtpconv.draft_vocab.counting import IntArray
-from mtpconv.errors import DraftVocabError
+from mtpconv.errors import DraftVocabError, Param
 from mtpconv.jsonio import write_file_durably
 
-_NEEDS_MATPLOTLIB = "--plot needs matplotlib: pip install 'mtpconv[plot]'."
+_NEEDS_MATPLOTLIB = (Param("plot"), " needs matplotlib: pip install 'mtpconv[plot]'.")
 
 
 def require_matplotlib() -> None:
-    """Refuse ``--plot`` before any counting when matplotlib is not installed."""
+    """Refuse a ``plot`` before any counting when matplotlib is not installed."""
     try:
         import matplotlib  # noqa: F401
     except ImportError as exc:
-        raise DraftVocabError(_NEEDS_MATPLOTLIB) from exc
+        raise DraftVocabError(*_NEEDS_MATPLOTLIB) from exc
 
 
 def write_plot(
@@ -29,7 +29,7 @@ def write_plot(
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise DraftVocabError(_NEEDS_MATPLOTLIB) from exc
+        raise DraftVocabError(*_NEEDS_MATPLOTLIB) from exc
     ks = np.unique(np.geomspace(1, counts.size, num=min(2000, counts.size)).astype(np.int64))
     fig = Figure(figsize=(7, 4.5))
     FigureCanvasAgg(fig)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mtpconv.draft_vocab.counting import IntArray
-from mtpconv.errors import DraftVocabError
+from mtpconv.errors import DraftVocabError, Param
 
 DEFAULT_COVERAGE_SIZES: tuple[int, ...] = (8192, 16384, 32768, 65536)
 
@@ -54,25 +54,28 @@ def select_draft_ids(
     """
     vocab_size = int(counts.size)
     if not 1 <= size <= vocab_size:
-        raise DraftVocabError(f"draft vocabulary size {size} must be in [1, {vocab_size}].")
+        raise DraftVocabError(Param("size", size), f" must be between 1 and vocab_size {vocab_size}.")
     forced_ids = np.unique(np.asarray(list(forced), dtype=np.int64))
     if forced_ids.size and (forced_ids[0] < 0 or forced_ids[-1] >= vocab_size):
         raise DraftVocabError(f"forced ids must lie in [0, {vocab_size}).")
     if order is None:
         order = rank_ids(counts)
     free = order[~np.isin(order, forced_ids)]
-    if not balance_tp:
+    if balance_tp is None:
         if forced_ids.size > size:
             raise DraftVocabError(
-                f"the tokenizer has {forced_ids.size} special/added and EOS tokens, which "
-                f"must all be kept; --size {size} is too small for them."
+                f"the tokenizer has {forced_ids.size} special/added and EOS tokens, which must all be kept; ",
+                Param("size", size),
+                " is too small for them.",
             )
         chosen = np.concatenate([forced_ids, free[: size - forced_ids.size]])
         return np.sort(chosen)
     if balance_tp < 1 or size % balance_tp:
         raise DraftVocabError(
-            f"--size {size} is not divisible by --balance-tp {balance_tp}; pick K = a "
-            f"multiple of {balance_tp}."
+            Param("size", size),
+            " is not divisible by ",
+            Param("balance_tp", balance_tp),
+            f"; pick a multiple of {balance_tp}.",
         )
     quota = size // balance_tp
     shard = math.ceil(vocab_size / balance_tp)
@@ -87,8 +90,14 @@ def select_draft_ids(
                 else f"holds {in_shard.size} special/EOS ids"
             )
             raise DraftVocabError(
-                f"with --balance-tp {balance_tp}, vocabulary shard {i} [{lo}, {hi}) {reason} "
-                f"but must get {quota} of the {size}; choose another --size or --balance-tp."
+                "with ",
+                Param("balance_tp", balance_tp),
+                f", vocabulary shard {i} [{lo}, {hi}) {reason} but must get {quota} of the {size}; "
+                "choose another ",
+                Param("size"),
+                " or ",
+                Param("balance_tp"),
+                ".",
             )
         rest = free[(free >= lo) & (free < hi)]
         parts += [in_shard, rest[: quota - in_shard.size]]

@@ -162,7 +162,7 @@ def test_balance_tp_equal_ids_per_contiguous_shard(
 
 
 def test_balance_tp_refusals(source: Path, corpus: Path, tmp_path: Path) -> None:
-    with pytest.raises(DraftVocabError, match="--size 66 is not divisible by --balance-tp 4"):
+    with pytest.raises(DraftVocabError, match="size=66 is not divisible by balance_tp=4"):
         build_draft_vocab(source, [corpus], 66, tmp_path / "ids.pt", balance_tp=4)
     with pytest.raises(DraftVocabError, match=r"shard 0 \[0, 260\) holds 4 special/EOS ids"):
         build_draft_vocab(source, [corpus], 4, tmp_path / "ids.pt", balance_tp=2)
@@ -255,7 +255,7 @@ def test_empty_corpus_named(source: Path, corpus: Path, tmp_path: Path) -> None:
 
 
 def test_size_and_output_checks(source: Path, corpus: Path, tmp_path: Path) -> None:
-    with pytest.raises(DraftVocabError, match="--size 521 must be between 1 and vocab_size 520"):
+    with pytest.raises(DraftVocabError, match="size=521 must be between 1 and vocab_size 520"):
         build_draft_vocab(source, [corpus], 521, tmp_path / "ids.pt")
     with pytest.raises(DraftVocabError, match="4 special/added and EOS tokens"):
         build_draft_vocab(source, [corpus], 3, tmp_path / "ids.pt")

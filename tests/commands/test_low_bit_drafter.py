@@ -73,6 +73,7 @@ def test_a_4bit_drafter_is_refused_by_default(kind: str, tmp_path: Path, capsys)
     errors = [line for line in err.splitlines() if line.startswith("Error:")]
     assert code == 1 and len(errors) == 1, err
     assert stored in errors[0] and "now" in errors[0] and "as FP8" in errors[0] and "KiB" in errors[0]
+    assert errors[0].endswith("to convert it anyway, pass --fp8-from-4bit."), errors[0]
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     assert tree_digest(src) == before

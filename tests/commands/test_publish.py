@@ -161,7 +161,7 @@ def test_local_source_default_name_is_source_basename(tmp_path: Path) -> None:
 
 def test_no_source_name_asks_for_repo_id(tmp_path: Path) -> None:
     directory, _ = make_variant(tmp_path / "v", source={"files": {}})
-    with pytest.raises(PublishError, match="pass --repo-id"):
+    with pytest.raises(PublishError, match="pass repo_id='USER/NAME'"):
         publish(directory, api=RecordingApi())
 
 

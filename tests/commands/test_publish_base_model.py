@@ -49,7 +49,7 @@ def test_without_base_model_a_local_source_says_unknown(tmp_path: Path) -> None:
     variant, manifest = make_variant(tmp_path / "v", source=LOCAL)
     card = build_model_card(variant, manifest, "alice/Tiny-MTP-mtpfp8")
     assert "base_model" not in _front(card)
-    assert "its base model on the Hub is unknown (publish with `--base-model ID` to name it)" in card
+    assert "its base model on the Hub is unknown (none was named when it was published)" in card
     assert "--model-path <the source checkpoint>" in card
 
 

@@ -19,7 +19,7 @@ def test_select_ties_go_to_lower_ids() -> None:
     assert select_draft_ids(counts, 3).tolist() == [0, 2, 5]
     assert select_draft_ids(counts, 4).tolist() == [0, 1, 2, 5]
     assert select_draft_ids(counts, 4, forced=[6]).tolist() == [0, 2, 5, 6]
-    with pytest.raises(DraftVocabError, match="--size 1 is too small"):
+    with pytest.raises(DraftVocabError, match="size=1 is too small"):
         select_draft_ids(counts, 1, forced=[3, 6])
 
 
