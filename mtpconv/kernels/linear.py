@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from mtpconv.formats.scale_layout import BLOCK
+from mtpconv.formats.scale_layout import BLOCK, blocks
 from mtpconv.kernels import reference, tuning
 
 Bias = torch.Tensor | None
@@ -398,7 +398,7 @@ def scale_layout(w_scale: torch.Tensor, n: int, k: int) -> ScaleLayout:
     if w_scale.numel() == n:
         return ScaleLayout.ROW
     raise ValueError(
-        f"w_scale must be 0-d, [{n}] or [{-(-n // BLOCK)}, {-(-k // BLOCK)}] "
+        f"w_scale must be 0-d, [{n}] or [{blocks(n)}, {blocks(k)}] "
         f"({BLOCK}x{BLOCK} blocks), got shape {tuple(w_scale.shape)}"
     )
 

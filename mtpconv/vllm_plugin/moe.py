@@ -23,7 +23,7 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm.platforms import current_platform
 
 from mtpconv.errors import ManifestError
-from mtpconv.formats.scale_layout import BLOCK
+from mtpconv.formats.scale_layout import BLOCK, ScaleLayout, stored_scale_shape
 from mtpconv.vllm_plugin.kernels import PreparedFp8
 
 _UNSET = torch.finfo(torch.float32).min
@@ -51,10 +51,6 @@ def fp8_experts_method(layer: Any, prefix: str, block: bool = False) -> Quantize
         assert method is not None
         return method
     return Fp8ExpertsLoopMethod(layer.moe_config, block=block)
-
-
-def _blocks(n: int) -> int:
-    return -(-n // BLOCK)
 
 
 class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
@@ -86,10 +82,13 @@ class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
             layer.register_parameter(name, p)
             set_weight_attrs(p, extra_weight_attrs)
         if self.block:
-            # The per-tensor values replicated into 128x128 blocks (gate blocks, then up).
+            # The per-tensor values replicated into 128x128 blocks (gate blocks, then up), as
+            # quantize-mtp stores them.
             shapes: tuple[tuple[int, ...], tuple[int, ...]] = (
-                (num_experts, 2 * _blocks(inter), _blocks(hidden_size)),
-                (num_experts, _blocks(hidden_size), _blocks(inter)),
+                stored_scale_shape(
+                    ScaleLayout.BLOCK_128, (num_experts, 2 * inter, hidden_size), fused_halves=True
+                ),
+                stored_scale_shape(ScaleLayout.BLOCK_128, (num_experts, hidden_size, inter)),
             )
             names, kind = ("w13_weight_scale_inv", "w2_weight_scale_inv"), FusedMoeWeightScaleSupported.BLOCK
         else:
