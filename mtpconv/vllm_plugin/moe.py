@@ -25,8 +25,7 @@ from vllm.platforms import current_platform
 from mtpconv.errors import ManifestError
 from mtpconv.formats.scale_layout import BLOCK, ScaleLayout, stored_scale_shape
 from mtpconv.vllm_plugin.kernels import PreparedFp8
-
-_UNSET = torch.finfo(torch.float32).min
+from mtpconv.vllm_plugin.quant import UNLOADED_SCALE, has_unloaded
 
 
 def is_routed_experts(layer: torch.nn.Module) -> bool:
@@ -96,7 +95,9 @@ class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
             shapes = ((num_experts, 2), (num_experts,))
             names, kind = ("w13_weight_scale", "w2_weight_scale"), FusedMoeWeightScaleSupported.TENSOR
         for name, shape in zip(names, shapes, strict=True):
-            p = torch.nn.Parameter(torch.full(shape, _UNSET, dtype=torch.float32), requires_grad=False)
+            p = torch.nn.Parameter(
+                torch.full(shape, UNLOADED_SCALE, dtype=torch.float32), requires_grad=False
+            )
             layer.register_parameter(name, p)
             set_weight_attrs(p, extra_weight_attrs)
             set_weight_attrs(p, {"quant_method": kind.value})
@@ -115,7 +116,7 @@ class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
     def process_weights_after_loading(self, layer: Any) -> None:
         s13, s2 = self._scales(layer)
         stored = [p.data for n, p in layer.named_parameters(recurse=False) if "_scale" in n]
-        if any(bool((t == _UNSET).any()) for t in stored):
+        if any(has_unloaded(t) for t in stored):
             raise ManifestError(
                 f"{getattr(layer, 'layer_name', 'experts')}: mtpconv.json lists the "
                 "experts as FP8 but some have no weight_scale; re-run "

@@ -43,6 +43,22 @@ def test_register_is_idempotent(monkeypatch: pytest.MonkeyPatch) -> None:
     assert {a for a, _ in calls} == {"Qwen3_5MTP", "Qwen3_5MoeMTP", "Qwen3NextMTP", "MiMoMTPModel"}
 
 
+def test_the_plugin_replaces_the_classes_of_the_rows_it_serves() -> None:
+    """`Family.draft_vocab` (the rows quantize-mtp gives a truncated head) and the classes the
+    plugin registers say the same thing."""
+    from mtpconv.families import FAMILIES
+
+    served = {arch for row in FAMILIES if row.draft_vocab for arch in row.vllm_mtp}
+    assert set(plugin.DRAFTER_CLASSES) == served
+
+
+def test_a_scale_never_loaded_is_told_apart() -> None:
+    from mtpconv.vllm_plugin.quant import UNLOADED_SCALE, has_unloaded
+
+    assert has_unloaded(torch.tensor([0.5, UNLOADED_SCALE]))
+    assert not has_unloaded(torch.tensor([0.5, 1e-30]))
+
+
 @pytest.mark.parametrize("allow", ["", "other", "lora_filesystem_resolver, other"])
 def test_register_respects_vllm_plugins(monkeypatch: pytest.MonkeyPatch, allow: str) -> None:
     calls = _recording_registry(monkeypatch)
