@@ -12,6 +12,7 @@ import torch
 
 import mtpconv.vllm_plugin as plugin
 from fixtures.vllm_run import EXPECTED_CPU_FP8_KERNEL, VLLM_CPU_HAS_FP8_KERNEL
+from mtpconv.conversion_options import HeadDtype
 from mtpconv.errors import ManifestError
 from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8
 from mtpconv.names import drafter_name
@@ -154,7 +155,7 @@ def test_settings_from_manifest(
     assert drafter_settings(str(models["planted"]), None, 512) is None
     s = drafter_settings(str(models["planted_fp8_vocab"]), None, 512)
     assert s is not None and s.head is not None
-    assert s.head.dtype == "fp8" and s.head.ids.tolist() == list(range(384))
+    assert s.head.dtype is HeadDtype.FP8 and s.head.ids.tolist() == list(range(384))
     assert "mtp.layers.0.self_attn.q_proj" in s.fp8_modules
     monkeypatch.setenv("MTPCONV_DRAFT_VOCAB", "0")
     off = drafter_settings(str(models["planted_fp8_vocab"]), None, 512)
@@ -172,6 +173,19 @@ def test_tampered_ids_file_is_refused(models: dict[str, Path], tmp_path: Path) -
     doc["drafter"]["activation_scheme"] = "static"
     (copy / "mtpconv.json").write_text(json.dumps(doc))
     with pytest.raises(ManifestError, match="not supported"):
+        drafter_settings(str(copy), None, 512)
+
+
+def test_a_draft_head_dtype_other_than_fp8_or_bf16_is_refused(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    copy = Path(shutil.copytree(models["planted_fp8_vocab"], tmp_path / "v"))
+    doc = json.loads((copy / "mtpconv.json").read_text())
+    doc["draft_vocab"]["head_dtype"] = "fp16"
+    (copy / "mtpconv.json").write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="draft head dtype 'fp16' is not fp8 or bf16"):
         drafter_settings(str(copy), None, 512)
 
 
