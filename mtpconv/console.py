@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from rich.console import Console
@@ -69,20 +69,24 @@ class _RichProgress:
 
 
 @contextmanager
-def byte_progress() -> Iterator[ProgressCallback]:
-    """A bytes progress bar on a terminal; silent when quiet or not a TTY."""
+def _progress_bar(*columns: ProgressColumn) -> Iterator[ProgressCallback]:
+    """A progress bar of ``columns`` on a terminal; silent when quiet or not a TTY."""
     if is_quiet() or not err_console.is_terminal:
         yield _NullProgress()
         return
-    columns = (
+    with Progress(*columns, console=err_console, transient=False) as progress:
+        yield _RichProgress(progress)
+
+
+def byte_progress() -> AbstractContextManager[ProgressCallback]:
+    """A bytes progress bar on a terminal; silent when quiet or not a TTY."""
+    return _progress_bar(
         TextColumn("{task.description}"),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=err_console, transient=False) as progress:
-        yield _RichProgress(progress)
 
 
 class _RateColumn(ProgressColumn):
@@ -97,13 +101,9 @@ class _RateColumn(ProgressColumn):
         return Text(f"{speed:,.0f} {self.unit}/s" if speed else f"? {self.unit}/s")
 
 
-@contextmanager
-def count_progress(unit: str = "items") -> Iterator[ProgressCallback]:
+def count_progress(unit: str = "items") -> AbstractContextManager[ProgressCallback]:
     """A counting progress bar (e.g. tokens) on a terminal; silent otherwise."""
-    if is_quiet() or not err_console.is_terminal:
-        yield _NullProgress()
-        return
-    columns = (
+    return _progress_bar(
         TextColumn("{task.description}"),
         BarColumn(),
         TaskProgressColumn(),
@@ -111,8 +111,6 @@ def count_progress(unit: str = "items") -> Iterator[ProgressCallback]:
         _RateColumn(unit),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=err_console, transient=False) as progress:
-        yield _RichProgress(progress)
 
 
 def info(message: str) -> None:

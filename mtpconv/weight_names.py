@@ -16,6 +16,7 @@ from enum import Enum
 
 from mtpconv.checkpoint.safetensors_io import FLOAT_DTYPES, TensorInfo
 from mtpconv.families.kimi_k3 import PER_EXPERT_W
+from mtpconv.families.types import LINEAR_LEAVES
 
 # Last name component of 2-D modules vLLM never quantizes (lookups, routers; "embeddings": Nemotron-H's
 # embed_tokens), and of those we keep out of the FP8 linears too (heads: the draft head is separate).
@@ -24,8 +25,9 @@ _NEVER_QUANTIZED = frozenset(
 )
 NOT_LINEAR = _NEVER_QUANTIZED | {"head", "lm_head", "draft_lm_head"}
 # ``kv_a_proj_with_mqa``: MLA, fused with ``q_a_proj`` in vLLM (both FP8 or neither)
-# ``dense``: Bailing-V3's attention output projection
-_LINEAR_NAME = re.compile(r"(_proj|_proj_with_mqa|^fc|^fc_embedding|^fc_hidden|^eh_proj|^input_proj|^dense)$")
+_LINEAR_NAME = re.compile(
+    "(_proj|_proj_with_mqa|" + "|".join(f"^{re.escape(leaf)}" for leaf in LINEAR_LEAVES) + ")$"
+)
 _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
 # compressed-tensors names: the packed NVFP4 weight and its float32 global scales.
 CT_PACKED = ".weight_packed"

@@ -14,12 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-def _gemv_config(n: int, k: int) -> tuple[int, int, int]:
-    """BLOCK_N, BLOCK_K, num_warps of the per-pair GEMV (as ``triton_fp8.wo_linear``'s)."""
-    if n >= 12288 and k >= 512:
-        return 16, 512, 4
-    return 4, min(2048, triton.next_power_of_2(k)), 8
+from mtpconv.kernels.triton_fp8 import gemv_config
 
 
 @triton.jit
@@ -92,7 +87,8 @@ def wo_moe(
     topk = topk_ids.shape[-1]
     _, n, k = w.shape
     out = torch.empty((pairs, n), dtype=x.dtype, device=x.device)
-    block_n, block_k, warps = _gemv_config(n * pairs, k)
+    # the per-pair GEMV's tiles: those of triton_fp8.wo_linear's one-token GEMV
+    block_n, block_k, warps = gemv_config(n * pairs, k)
     grid = (triton.cdiv(n, block_n), pairs)
     _wo_moe_kernel[grid](
         x,

@@ -33,6 +33,38 @@ _MLA_LEAVES = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_pro
 _QWEN_GDN_PLAIN = r"\.linear_attn\.conv1d$"
 _QWEN_VL_PLAIN = _QWEN_GDN_PLAIN + r"|(^|\.)visual\.(patch_embed\.proj|pos_embed)$"
 
+# Qwen MTP configs: the drafter's layer count, under either key.
+_QWEN_LAYER_KEYS = ("mtp_num_hidden_layers", "num_nextn_predict_layers")
+_QWEN_MOE_FP8 = ("fc", "attention and MLP linears", "routed experts (blocks)")
+# Qwen3.5's model types, dense and MoE alike: its two rows are told apart by `Family.experts`.
+_QWEN3_5_TYPES = frozenset({"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
+
+
+def _deepseek_mtp(name: str, vllm_mtp: tuple[str, ...], source: str, **row: Any) -> Family:
+    """A row whose drafter is DeepSeek's MTP layer (``deepseek_mtp.py`` and the classes built
+    like it): ``eh_proj`` a plain nn.Linear, an MLA decoder layer with routed and shared
+    experts, the shared head BF16."""
+    return Family(
+        name, vllm_mtp, source, plain=_DS_PLAIN, mla=True, fp8=_MLA_FP8, bf16=("shared_head",), **row
+    )
+
+
+def _deepseek_v32_mtp(model_type: str) -> Family:
+    """A row served by ``DeepseekV32MTPModel`` (DeepSeek-V3.2 and GLM-5's glm_moe_dsa): the
+    DeepSeek MTP layer with the sparse-attention indexer, NVFP4 releases."""
+    return Family(
+        model_type,
+        ("DeepseekV32MTPModel",),
+        _VLLM_PKG + "deepseek_v32/nvidia/mtp.py",
+        model_types=frozenset({model_type}),
+        plain=_DSA_PLAIN,
+        mla=True,
+        ships_nvfp4=True,
+        fp8=_MLA_FP8,
+        bf16=("indexer wq_b / k_norm", "shared_head"),
+    )
+
+
 # Detection order: the first row whose model_type / architecture matches, else the first
 # whose marker does. Rows are ordered so that a marker never steals another family's checkpoint.
 FAMILIES: tuple[Family, ...] = (
@@ -71,28 +103,8 @@ FAMILIES: tuple[Family, ...] = (
             "shared experts",
         ),
     ),
-    Family(
-        "deepseek_v32",
-        ("DeepseekV32MTPModel",),
-        _VLLM_PKG + "deepseek_v32/nvidia/mtp.py",
-        model_types=frozenset({"deepseek_v32"}),
-        plain=_DSA_PLAIN,
-        mla=True,
-        ships_nvfp4=True,
-        fp8=_MLA_FP8,
-        bf16=("indexer wq_b / k_norm", "shared_head"),
-    ),
-    Family(
-        "glm_moe_dsa",
-        ("DeepseekV32MTPModel",),
-        _VLLM_PKG + "deepseek_v32/nvidia/mtp.py",
-        model_types=frozenset({"glm_moe_dsa"}),
-        plain=_DSA_PLAIN,
-        mla=True,
-        ships_nvfp4=True,
-        fp8=_MLA_FP8,
-        bf16=("indexer wq_b / k_norm", "shared_head"),
-    ),
+    _deepseek_v32_mtp("deepseek_v32"),
+    _deepseek_v32_mtp("glm_moe_dsa"),
     Family(
         "glm5_next",
         ("Glm5NextMTPModel",),
@@ -106,15 +118,11 @@ FAMILIES: tuple[Family, ...] = (
         fp8=("routed experts (blocks)", "shared experts"),
         bf16=("MLA attention and its indexer", "shared_head"),
     ),
-    Family(
+    _deepseek_mtp(
         "glm4_moe_lite",
         ("Glm4MoeLiteMTPModel",),
         _VLLM + "glm4_moe_lite_mtp.py",
         model_types=frozenset({"glm4_moe_lite"}),
-        plain=_DS_PLAIN,
-        mla=True,
-        fp8=_MLA_FP8,
-        bf16=("shared_head",),
     ),
     Family(
         "glm4_moe",
@@ -125,37 +133,25 @@ FAMILIES: tuple[Family, ...] = (
         fp8=("attention q/k/v/o", "routed experts (blocks)", "shared experts"),
         bf16=("shared_head",),
     ),
-    Family(
+    _deepseek_mtp(
         "kimi_k2",
         ("DeepSeekMTPModel",),
         _VLLM + "deepseek_mtp.py",
         model_types=frozenset({"kimi_k2"}),
-        plain=_DS_PLAIN,
-        mla=True,
-        fp8=_MLA_FP8,
-        bf16=("shared_head",),
     ),
-    Family(
+    _deepseek_mtp(
         "deepseek_v3",
         ("DeepSeekMTPModel",),
         _VLLM + "deepseek_mtp.py",
         model_types=frozenset({"deepseek_v3"}),
-        plain=_DS_PLAIN,
         marker=r"^model\.layers\.\d+\.eh_proj\.",
-        mla=True,
-        fp8=_MLA_FP8,
-        bf16=("shared_head",),
     ),
-    Family(
+    _deepseek_mtp(
         "openpangu",
         ("OpenPanguMTPModel",),
         _VLLM + "openpangu_mtp.py",
         model_types=frozenset({"pangu_ultra_moe", "pangu_ultra_moe_mtp"}),
         architectures=frozenset({"PanguUltraMoEForCausalLM"}),
-        plain=_DS_PLAIN,
-        mla=True,
-        fp8=_MLA_FP8,
-        bf16=("shared_head",),
     ),
     Family(
         "longcat_flash",
@@ -202,16 +198,12 @@ FAMILIES: tuple[Family, ...] = (
         ),
         bf16=("shared_head",),
     ),
-    Family(
+    _deepseek_mtp(
         "bailing_moe_v2_5",
         ("BailingMoeV25MTPModel",),
         _VLLM + "bailing_moe_mtp.py",
         model_types=frozenset({"bailing_hybrid"}),
         architectures=frozenset({"BailingMoeV2_5ForCausalLM"}),
-        plain=_DS_PLAIN,
-        mla=True,
-        fp8=_MLA_FP8,
-        bf16=("shared_head",),
     ),
     Family(
         "ernie4_5_moe",
@@ -277,7 +269,7 @@ FAMILIES: tuple[Family, ...] = (
         ("Qwen4ExpMTP",),
         _VLLM_PKG + "qwen4_exp",
         model_types=frozenset({"qwen4exp", "qwen4_exp", "qwen4_exp_text"}),
-        layer_keys=("mtp_num_hidden_layers", "num_nextn_predict_layers"),
+        layer_keys=_QWEN_LAYER_KEYS,
         drafter_at=DrafterAt.MTP,
         marker=r"(^|\.)mtp\.fc_embedding\.",
         config_marker="hc_count",
@@ -289,11 +281,11 @@ FAMILIES: tuple[Family, ...] = (
         ("Qwen3NextMTP",),
         _VLLM + "qwen3_next_mtp.py",
         model_types=frozenset({"qwen3_next"}),
-        layer_keys=("mtp_num_hidden_layers", "num_nextn_predict_layers"),
+        layer_keys=_QWEN_LAYER_KEYS,
         drafter_at=DrafterAt.MTP,
         ships_nvfp4=True,
         draft_vocab=True,
-        fp8=("fc", "attention and MLP linears", "routed experts (blocks)"),
+        fp8=_QWEN_MOE_FP8,
         target_plain=_QWEN_GDN_PLAIN,
     ),
     Family(
@@ -305,28 +297,28 @@ FAMILIES: tuple[Family, ...] = (
         layer_keys=("mtp_num_hidden_layers",),
         drafter_at=DrafterAt.MTP,
         # a Qwen3_5MoeMTP whose MoE has its own mtp_num_experts (vLLM's speculative config)
-        fp8=("fc", "attention and MLP linears", "routed experts (blocks)"),
+        fp8=_QWEN_MOE_FP8,
         target_plain=_QWEN_GDN_PLAIN,
     ),
     Family(
         "qwen3_5_moe",
         ("Qwen3_5MoeMTP",),
         _VLLM + "qwen3_5_mtp.py",
-        model_types=frozenset({"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}),
-        layer_keys=("mtp_num_hidden_layers", "num_nextn_predict_layers"),
+        model_types=_QWEN3_5_TYPES,
+        layer_keys=_QWEN_LAYER_KEYS,
         drafter_at=DrafterAt.MTP,
         experts=True,
         ships_nvfp4=True,
         draft_vocab=True,
-        fp8=("fc", "attention and MLP linears", "routed experts (blocks)"),
+        fp8=_QWEN_MOE_FP8,
         target_plain=_QWEN_VL_PLAIN,
     ),
     Family(
         "qwen3_5",
         ("Qwen3_5MTP",),
         _VLLM + "qwen3_5_mtp.py",
-        model_types=frozenset({"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}),
-        layer_keys=("mtp_num_hidden_layers", "num_nextn_predict_layers"),
+        model_types=_QWEN3_5_TYPES,
+        layer_keys=_QWEN_LAYER_KEYS,
         drafter_at=DrafterAt.MTP,
         ships_nvfp4=True,
         draft_vocab=True,

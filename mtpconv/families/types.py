@@ -58,6 +58,12 @@ ATTN_NO_QUANT = (
 # Modules of a layer-indexed drafter that belong to the MTP step, not to its decoder block.
 STEP_MODULES = ("embed_tokens", "enorm", "hnorm", "eh_proj", "shared_head")
 
+# Module leaves that name a linear in any checkpoint, before its family is known, beyond the
+# ``*_proj`` names: the MTP step's ``fc`` (Qwen, EXAONE), ``fc_embedding`` / ``fc_hidden``
+# (Qwen4-Exp), ``eh_proj`` (DeepSeek style), ``input_proj`` (MiMo) and Bailing-V3's attention
+# output ``dense``. A row's own `Family.linear_leaves` add to them for that family only.
+LINEAR_LEAVES = ("fc", "fc_embedding", "fc_hidden", "eh_proj", "input_proj", "dense")
+
 
 @dataclass(frozen=True)
 class Family:

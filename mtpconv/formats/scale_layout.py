@@ -12,6 +12,11 @@ from enum import Enum
 BLOCK = 128  # the block edge of vLLM's FP8_PB_WO / FP8_BLOCK_SCALES (weight_block_size)
 
 
+def blocks(n: int) -> int:
+    """How many ``BLOCK``-wide blocks cover ``n`` rows or columns (the last one may be partial)."""
+    return -(-n // BLOCK)
+
+
 class ScaleLayout(str, Enum):
     """How a drafter linear's per-tensor scale is stored (DESIGN §5)."""
 
@@ -39,5 +44,5 @@ def stored_scale_shape(
     if fused_halves:
         if out % 2:
             raise ValueError(f"a fused gate_up weight needs an even row count, got {out}")
-        return (*lead, 2 * -(-(out // 2) // BLOCK), -(-inp // BLOCK))
-    return (*lead, -(-out // BLOCK), -(-inp // BLOCK))
+        return (*lead, 2 * blocks(out // 2), blocks(inp))
+    return (*lead, blocks(out), blocks(inp))

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from mtpconv.formats.scale_layout import BLOCK
+from mtpconv.formats.scale_layout import BLOCK, blocks
 from mtpconv.kernels import reference, tuning
 
 Bias = torch.Tensor | None
@@ -225,11 +225,11 @@ class ScaledMmToken(Fp8LinearKernel):
         x2 = x.reshape(-1, x.shape[-1])
         if w_scale.numel() > 1:
             q, sa = triton_quant.quant_per_token(x2)
-            sb = w_scale.to(torch.float32).reshape(1, n)
+            sb = _weight_scale_row(w_scale, n)
         else:
             q, sa = triton_quant.quant_per_token(x2, w_scale)
             sb = _ones_row(n, x.device)
-        return reference.scaled_mm(q, w_fp8, sa, sb, bias, x.dtype).reshape(*x.shape[:-1], n)
+        return _scaled_mm_like(x, q, sa, w_fp8, sb, bias)
 
 
 class ScaledMmTokenTorch(Fp8LinearKernel):
@@ -248,10 +248,8 @@ class ScaledMmTokenTorch(Fp8LinearKernel):
 
     @staticmethod
     def run(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: Bias) -> torch.Tensor:
-        n = w_fp8.shape[0]
         q, sa = reference.quant_per_token(x)
-        y = reference.scaled_mm(q, w_fp8, sa, _weight_scale_row(w_scale, n), bias, x.dtype)
-        return y.reshape(*x.shape[:-1], n)
+        return _scaled_mm_like(x, q, sa, w_fp8, _weight_scale_row(w_scale, w_fp8.shape[0]), bias)
 
 
 class ScaledMmTensor(Fp8LinearKernel):
@@ -270,14 +268,13 @@ class ScaledMmTensor(Fp8LinearKernel):
 
     @staticmethod
     def run(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias: Bias) -> torch.Tensor:
-        n = w_fp8.shape[0]
         q, sa = reference.quant_per_tensor(x.reshape(-1, x.shape[-1]))
         if w_scale.numel() > 1:
             sa = sa.reshape(1, 1).expand(q.shape[0], 1).contiguous()
-            sb = w_scale.to(torch.float32).reshape(1, n)
+            sb = _weight_scale_row(w_scale, w_fp8.shape[0])
         else:
             sb = w_scale.to(torch.float32)
-        return reference.scaled_mm(q, w_fp8, sa, sb, bias, x.dtype).reshape(*x.shape[:-1], n)
+        return _scaled_mm_like(x, q, sa, w_fp8, sb, bias)
 
 
 class Dequant(Fp8LinearKernel):
@@ -369,6 +366,14 @@ def _weight_scale_row(w_scale: torch.Tensor, n: int) -> torch.Tensor:
     return s.reshape(1, n) if s.numel() > 1 else _ones_row(n, s.device) * s.reshape(1, 1)
 
 
+def _scaled_mm_like(
+    x: torch.Tensor, q: torch.Tensor, sa: torch.Tensor, w_fp8: torch.Tensor, sb: torch.Tensor, bias: Bias
+) -> torch.Tensor:
+    """``torch._scaled_mm`` of ``x``'s FP8 rows ``q`` (scales ``sa``) on ``w_fp8`` (scales ``sb``),
+    in ``x``'s dtype and leading shape."""
+    return reference.scaled_mm(q, w_fp8, sa, sb, bias, x.dtype).reshape(*x.shape[:-1], w_fp8.shape[0])
+
+
 def scaled_mm_per_tensor(
     q: torch.Tensor,
     sa: torch.Tensor,
@@ -398,7 +403,7 @@ def scale_layout(w_scale: torch.Tensor, n: int, k: int) -> ScaleLayout:
     if w_scale.numel() == n:
         return ScaleLayout.ROW
     raise ValueError(
-        f"w_scale must be 0-d, [{n}] or [{-(-n // BLOCK)}, {-(-k // BLOCK)}] "
+        f"w_scale must be 0-d, [{n}] or [{blocks(n)}, {blocks(k)}] "
         f"({BLOCK}x{BLOCK} blocks), got shape {tuple(w_scale.shape)}"
     )
 

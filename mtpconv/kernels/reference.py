@@ -15,15 +15,14 @@ from __future__ import annotations
 import torch
 
 from mtpconv.formats.fp8 import FP8_DTYPE, FP8_MAX
-from mtpconv.formats.scale_layout import BLOCK
+from mtpconv.formats.scale_layout import BLOCK, blocks
 
 _TINY = torch.finfo(torch.float32).tiny
 
 
 def is_block_scale(w_scale: torch.Tensor, n: int, k: int) -> bool:
     """Whether ``w_scale`` is one scale per 128x128 block of an ``[n, k]`` weight."""
-    nb, kb = -(-n // BLOCK), -(-k // BLOCK)
-    return w_scale.dim() == 2 and tuple(w_scale.shape) == (nb, kb) != (n, 1)
+    return w_scale.dim() == 2 and tuple(w_scale.shape) == (blocks(n), blocks(k)) != (n, 1)
 
 
 def expand_block_scale(w_scale: torch.Tensor, n: int, k: int) -> torch.Tensor:

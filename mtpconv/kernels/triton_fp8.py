@@ -128,7 +128,7 @@ def _wo_gemv_kernel(
     tl.store(o_ptr + row * stride_om + offs_n, out.to(o_ptr.dtype.element_ty), mask=mask_n)
 
 
-def _gemv_config(n: int, k: int) -> tuple[int, int, int]:
+def gemv_config(n: int, k: int) -> tuple[int, int, int]:
     """BLOCK_N, BLOCK_K, num_warps for one-token GEMV (best of a sweep on the H200)."""
     if n >= 12288 and k >= 512:
         return 16, 512, 4
@@ -163,7 +163,7 @@ def wo_linear(
     b = bias if bias is not None else w_scale  # placeholder pointer when no bias
     use_gemv = (m <= 1) if gemv is None else gemv
     if use_gemv:
-        block_n, block_k, warps = config if config is not None else _gemv_config(n, k)
+        block_n, block_k, warps = config if config is not None else gemv_config(n, k)
         grid = (triton.cdiv(n, block_n), m)
         _wo_gemv_kernel[grid](
             x2,

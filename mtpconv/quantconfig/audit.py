@@ -18,6 +18,7 @@ from collections.abc import Collection, Mapping
 
 from mtpconv.errors import QuantConfigError
 from mtpconv.findings import Finding, Severity
+from mtpconv.quantconfig import methods
 from mtpconv.quantconfig.declarations import (
     NO_QUANT,
     DeclaredQuant,
@@ -39,7 +40,7 @@ CODE_METHOD_UNSUPPORTED = "quant-method-unsupported"
 
 # Router gates: vLLM's Qwen3-Next / Qwen3.5 MoE blocks build them with no quant config.
 _ROUTER_GATES = (".mlp.gate", ".mlp.shared_expert_gate")
-_SUPPORTED_METHODS = ("modelopt", "compressed-tensors", "fp8", NO_QUANT)
+_SUPPORTED_METHODS = (methods.MODELOPT, methods.COMPRESSED_TENSORS, methods.FP8_METHOD, NO_QUANT)
 _QUANTIZED = (StorageFormat.NVFP4, StorageFormat.MXFP4, StorageFormat.INT, StorageFormat.FP8)
 
 

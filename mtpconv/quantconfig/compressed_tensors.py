@@ -30,12 +30,12 @@ from mtpconv.errors import QuantConfigError
 from mtpconv.formats.scale_layout import ScaleLayout
 from mtpconv.layouts import Linear, Stored
 from mtpconv.names import drafter_alias
+from mtpconv.quantconfig import methods
 from mtpconv.quantconfig.declarations import DeclaredQuant, all_declarations, declared_algorithm
 from mtpconv.quantconfig.documents import QuantConfigs, quant_location
 from mtpconv.quantconfig.match import ExclusionPattern, ModuleSet, ct_expert_names
 from mtpconv.weight_names import STORAGE
 
-METHOD = "compressed-tensors"
 DRAFTER_GROUP = "mtpconv_fp8_drafter"
 FP8_FORMAT = "float-quantized"
 FP8_WEIGHTS: Mapping[str, Any] = {
@@ -69,7 +69,7 @@ def declares_compressed_tensors(configs: QuantConfigs) -> bool:
     """Whether vLLM reads a compressed-tensors config for this checkpoint (and only that:
     a ModelOpt ``hf_quant_config.json`` beside it is left to the exclusion rewrite)."""
     decls = all_declarations(configs)
-    return len(decls) == 1 and decls[0].method == METHOD
+    return len(decls) == 1 and decls[0].method == methods.COMPRESSED_TENSORS
 
 
 def with_declared_layouts(configs: QuantConfigs, linears: Iterable[Linear]) -> list[Linear]:
@@ -131,7 +131,9 @@ def drafter_targets(fp8_linears: Collection[str], all_modules: Collection[str]) 
         exact = "re:^" + re.escape(name) + "$"
         collapsed = _EXPERT_INDEX.sub(r"\\.experts\\.\\d+\\.", exact)
         pick = exact
-        if collapsed != exact and not ExclusionPattern(collapsed, METHOD).matches_any(others):
+        if collapsed != exact and not ExclusionPattern(collapsed, methods.COMPRESSED_TENSORS).matches_any(
+            others
+        ):
             pick = collapsed
         if pick not in out:
             out.append(pick)
@@ -199,7 +201,7 @@ def declare_drafter_fp8(
     targets = drafter_targets(fp8_linears, all_modules)
     done = DrafterDeclaration(key, targets)
     for entry in list(ignore):
-        pattern = ExclusionPattern(entry, METHOD, f"config.json {key}.ignore")
+        pattern = ExclusionPattern(entry, methods.COMPRESSED_TENSORS, f"config.json {key}.ignore")
         if any(pattern.matches(m) for m in fp8_linears):
             ignore.remove(entry)
             done.removed_ignore.append(entry)
@@ -218,7 +220,7 @@ def declare_drafter_fp8(
                 "declared; fix its ignore list or config_groups by hand."
             )
     for module in fp8_linears:
-        if after[module] != "FP8":
+        if after[module] != methods.FP8:
             raise QuantConfigError(
                 f"config.json {key} would still declare drafter linear {module} as "
                 f"{after[module]}; fix its ignore list or config_groups by hand."

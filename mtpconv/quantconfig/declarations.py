@@ -19,13 +19,14 @@ from typing import Any
 
 from mtpconv.errors import QuantConfigError
 from mtpconv.names import VISION_MARKERS, drafter_alias
+from mtpconv.quantconfig import methods
 from mtpconv.quantconfig.documents import HF_QUANT_JSON, QuantConfigs, quant_location
 from mtpconv.quantconfig.match import ExclusionMatcher, ct_expert_name
 from mtpconv.weight_names import StorageFormat as StorageFormat
 
 _HEAD_LEAVES = frozenset({"lm_head", "draft_lm_head", "head"})
 _CT_INT = re.compile(r"INT\d+")  # compressed-tensors integer weights (`_ct_algo`)
-_NVFP4_ALGOS = frozenset({"NVFP4", "W4A16_NVFP4", "NVFP4_AWQ", "NVFP4_SVD", "W4A8_NVFP4_FP8"})
+_NVFP4_ALGOS = frozenset({methods.NVFP4, methods.W4A16_NVFP4, "NVFP4_AWQ", "NVFP4_SVD", "W4A8_NVFP4_FP8"})
 
 
 @dataclass
@@ -99,7 +100,7 @@ def _quantized_layers(value: Any, where: str) -> dict[str, str]:
 def _kv_from_scheme(scheme: Any) -> str | None:
     if isinstance(scheme, dict):
         if scheme.get("type") == "float" and scheme.get("num_bits") == 8:
-            return "FP8"
+            return methods.FP8
         return None
     if isinstance(scheme, str):
         return scheme.upper()
@@ -115,10 +116,10 @@ def _modelopt_from_quantization(q: Any, source: str) -> DeclaredQuant:
     exclude = _str_list(q.get("exclude_modules"), _where(source, "exclude_modules"))
     algo_u = algo.upper() if algo else None
     layers = None
-    if algo_u == "MIXED_PRECISION":
+    if algo_u == methods.MIXED_PRECISION:
         layers = _quantized_layers(q.get("quantized_layers"), _where(source, "quantized_layers"))
     kv = kv_algo.upper() if kv_algo else None
-    return DeclaredQuant("modelopt", algo_u, exclude, layers, kv, source)
+    return DeclaredQuant(methods.MODELOPT, algo_u, exclude, layers, kv, source)
 
 
 def _modelopt_from_qc(qc: dict[str, Any], source: str, hf_quant: dict[str, Any] | None) -> DeclaredQuant:
@@ -128,14 +129,14 @@ def _modelopt_from_qc(qc: dict[str, Any], source: str, hf_quant: dict[str, Any] 
     exclude = _str_list(qc.get("ignore"), _where(source, "ignore"))
     algo_u = algo.upper() if algo else None
     layers = None
-    if algo_u == "MIXED_PRECISION":
+    if algo_u == methods.MIXED_PRECISION:
         raw = qc.get("quantized_layers")
         if raw is None and hf_quant is not None and isinstance(hf_quant.get("quantization"), dict):
             # vLLM falls back to hf_quant_config.json for the per-layer map.
             raw = hf_quant["quantization"].get("quantized_layers")
         layers = _quantized_layers(raw, _where(source, "quantized_layers"))
     kv = _kv_from_scheme(qc.get("kv_cache_scheme"))
-    return DeclaredQuant("modelopt", algo_u, exclude, layers, kv, source)
+    return DeclaredQuant(methods.MODELOPT, algo_u, exclude, layers, kv, source)
 
 
 def _ct_algo(scheme: Any) -> str | None:
@@ -146,9 +147,9 @@ def _ct_algo(scheme: Any) -> str | None:
         return None
     bits, kind = weights.get("num_bits"), weights.get("type")
     if kind == "float" and bits == 4:  # vLLM tells them apart by group size (16 vs 32)
-        return "MXFP4" if weights.get("group_size") == 32 else "NVFP4"
+        return methods.MXFP4 if weights.get("group_size") == 32 else methods.NVFP4
     if kind == "float" and bits == 8:
-        return "FP8"
+        return methods.FP8
     if kind == "int" and isinstance(bits, int):
         return f"INT{bits}"
     return None
@@ -168,21 +169,21 @@ def _compressed_tensors(qc: dict[str, Any], source: str) -> DeclaredQuant:
     algos = {a for _, a in groups}
     algo = next(iter(algos)) if len(algos) == 1 else ("MIXED" if algos else None)
     kv = _kv_from_scheme(qc.get("kv_cache_scheme"))
-    return DeclaredQuant("compressed-tensors", algo, ignore, None, kv, source, groups)
+    return DeclaredQuant(methods.COMPRESSED_TENSORS, algo, ignore, None, kv, source, groups)
 
 
 def _declared_from_qc(qc: dict[str, Any], source: str, hf_quant: dict[str, Any] | None) -> DeclaredQuant:
     method_raw = _str_or_none(qc.get("quant_method"), _where(source, "quant_method"))
     method = (method_raw or "").lower()
-    if method.startswith("modelopt") or (not method and "quantization" in qc):
+    if method.startswith(methods.MODELOPT) or (not method and "quantization" in qc):
         return _modelopt_from_qc(qc, source, hf_quant)
-    if method == "compressed-tensors":
+    if method == methods.COMPRESSED_TENSORS:
         return _compressed_tensors(qc, source)
-    if method == "fp8":
+    if method == methods.FP8_METHOD:
         ignored = _str_list(qc.get("ignored_layers"), _where(source, "ignored_layers"))
         if not ignored:
             ignored = _str_list(qc.get("modules_to_not_convert"), _where(source, "modules_to_not_convert"))
-        return DeclaredQuant("fp8", "FP8", ignored, None, None, source)
+        return DeclaredQuant(methods.FP8_METHOD, methods.FP8, ignored, None, None, source)
     if not method:
         raise QuantConfigError(f"{source} has a quantization config without 'quant_method'.")
     return DeclaredQuant(method, None, [], None, None, source)
@@ -293,15 +294,15 @@ def declared_algorithm(decl: DeclaredQuant, module: str) -> str | None:
         return None
     if decl.matcher().excludes(module):
         return None
-    if decl.method == "modelopt":
+    if decl.method == methods.MODELOPT:
         if any(marker in module for marker in VISION_MARKERS):
             return None
-        if decl.algo == "MIXED_PRECISION":
+        if decl.algo == methods.MIXED_PRECISION:
             layers = decl.quantized_layers or {}
             key = first_mixed_key(layers, module)
             return None if key is None else layers[key]
         return decl.algo
-    if decl.method == "compressed-tensors":
+    if decl.method == methods.COMPRESSED_TENSORS:
         return ct_group_algorithm(decl.groups, module)
     return decl.algo or decl.method.upper()
 
@@ -314,9 +315,9 @@ def storage_format_of_algorithm(algo: str | None) -> StorageFormat | None:
     a = algo.upper()
     if a in _NVFP4_ALGOS:
         return StorageFormat.NVFP4
-    if a == "MXFP4":
+    if a == methods.MXFP4:
         return StorageFormat.MXFP4
-    if a.startswith("FP8"):
+    if a.startswith(methods.FP8):
         return StorageFormat.FP8
     if _CT_INT.fullmatch(a):
         return StorageFormat.INT

@@ -63,6 +63,7 @@ from typing import Any, Protocol
 
 from mtpconv.errors import QuantConfigError
 from mtpconv.names import drafter_alias
+from mtpconv.quantconfig import methods
 
 # vLLM (Qwen3.5 / Qwen3-Next ``packed_modules_mapping``) fuses these checkpoint leaves.
 FUSED_INTO = {
@@ -71,9 +72,6 @@ FUSED_INTO = {
     "in_proj_qkv": "in_proj_qkvz", "in_proj_z": "in_proj_qkvz",
     "in_proj_a": "in_proj_ba", "in_proj_b": "in_proj_ba",
 }  # fmt: skip
-
-
-COMPRESSED_TENSORS = "compressed-tensors"
 
 
 # A fused 3-D routed-experts tensor's leaf -> the per-expert projections it holds.
@@ -106,7 +104,7 @@ def ct_expert_name(name: str) -> str:
 
 
 @lru_cache(maxsize=1 << 18)
-def vllm_view(module: str, method: str = "modelopt") -> tuple[str, str]:
+def vllm_view(module: str, method: str = methods.MODELOPT) -> tuple[str, str]:
     """``(shard, layer)``: the names vLLM matches a checkpoint module under, for ``method``.
 
     ``layer`` is the vLLM layer prefix (fused leaf, or ``...experts`` for a routed expert);
@@ -120,7 +118,7 @@ def vllm_view(module: str, method: str = "modelopt") -> tuple[str, str]:
     if "experts" in parts[:-1]:
         at = parts.index("experts")
         per_expert = parts[at + 1].isdigit() and at + 2 < len(parts)
-        if method == COMPRESSED_TENSORS and (per_expert or _is_fused_expert(parts)):
+        if method == methods.COMPRESSED_TENSORS and (per_expert or _is_fused_expert(parts)):
             name = ct_expert_name(base)
             return name, name
         layer = ".".join(parts[: at + 1])
@@ -185,26 +183,26 @@ def _compile(patterns: list[str], method: str, source: str, *, merge_globs: bool
     regexes: list[re.Pattern[str]] = []
     for pattern in patterns:
         forms: tuple[str, ...] = (pattern,)
-        if method == "modelopt":
+        if method == methods.MODELOPT:
             forms = _expand_pattern(pattern)
             literals.update(forms)  # exact match on the layer is implied by substring
             regexes += [re.compile(translate(f)) for f in forms if _is_glob(f)]
-        elif method == "compressed-tensors" and pattern.startswith("re:"):
+        elif method == methods.COMPRESSED_TENSORS and pattern.startswith("re:"):
             try:
                 regexes.append(re.compile(pattern[3:]))
             except re.error as exc:
                 raise QuantConfigError(
                     f"{source} ignore entry {pattern!r} is not a valid regex ({exc})."
                 ) from exc
-        if not (pattern.startswith("re:") and method != "modelopt"):
+        if not (pattern.startswith("re:") and method != methods.MODELOPT):
             exact.update(forms)
         # vLLM's exact stage (``is_layer_skipped``) treats a layer whose name contains
         # "experts" specially: it is skipped when it is a substring of any pattern that
         # contains "experts", so one per-expert entry excludes the whole routed-experts
         # layer. compressed-tensors uses its own matcher without this rule.
-        if method != "compressed-tensors":
+        if method != methods.COMPRESSED_TENSORS:
             experts += [f for f in forms if "experts" in f]
-    if merge_globs and method == "modelopt" and len(regexes) > 1:
+    if merge_globs and method == methods.MODELOPT and len(regexes) > 1:
         # fnmatch.translate output is self-contained ((?s:...)\Z), safe to alternate; user
         # "re:" regexes are not merged (their groups and flags could interact).
         regexes = [re.compile("|".join(f"(?:{rx.pattern})" for rx in regexes))]
@@ -215,7 +213,7 @@ def _compile(patterns: list[str], method: str, source: str, *, merge_globs: bool
         substring=re.compile(_trie_regex(ordered)) if ordered else None,
         substring_spans_lines=any("\n" in lit for lit in ordered),
         regexes=tuple(regexes),
-        regex_on_shards=method != "modelopt",
+        regex_on_shards=method != methods.MODELOPT,
         method=method,
     )
 
@@ -355,6 +353,6 @@ class ExclusionMatcher:
         return [p.pattern for p in self.patterns if not p.matches_any(modules)]
 
 
-def pattern_matches(pattern: str, module: str, *, method: str = "modelopt") -> bool:
+def pattern_matches(pattern: str, module: str, *, method: str = methods.MODELOPT) -> bool:
     """Whether one exclusion pattern excludes ``module`` under vLLM's rule for ``method``."""
     return ExclusionPattern(pattern, method).matches(module)

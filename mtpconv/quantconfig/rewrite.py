@@ -18,6 +18,7 @@ from mtpconv.jsonio import copy_json
 from mtpconv.layouts import is_linear_module
 from mtpconv.names import drafter_alias
 from mtpconv.quantconfig import compressed_tensors as ct
+from mtpconv.quantconfig import methods
 from mtpconv.quantconfig.declarations import (
     DeclaredQuant,
     StorageFormat,
@@ -27,7 +28,7 @@ from mtpconv.quantconfig.declarations import (
     quantized_anywhere,
 )
 from mtpconv.quantconfig.documents import CONFIG_JSON, HF_QUANT_JSON, QuantConfigs, quant_location
-from mtpconv.quantconfig.match import COMPRESSED_TENSORS, FUSED_INTO, ExclusionPattern, ModuleSet, vllm_view
+from mtpconv.quantconfig.match import FUSED_INTO, ExclusionPattern, ModuleSet, vllm_view
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,11 @@ def _candidates(module: str, method: str) -> list[str]:
     parts = name.split(".")
     leaf = parts[-1]
     expert_at = parts.index("experts") if "experts" in parts[:-1] else None
-    if method == COMPRESSED_TENSORS:
+    if method == methods.COMPRESSED_TENSORS:
         # Exact names only. vLLM's compressed-tensors MoE method decides a routed-experts
         # layer by expert 0's projections (`match.vllm_view`): one entry per projection.
         return [vllm_view(module, method)[0]]
-    if method == "fp8":
+    if method == methods.FP8_METHOD:
         # Exact names only; routed experts are one vLLM layer named "...experts".
         if expert_at is not None:
             return [".".join(parts[: expert_at + 1])]
@@ -165,7 +166,7 @@ def _exclusion_lists(
     loc = quant_location(config)
     if loc is not None:
         qc, source = loc.body, loc.source
-        if method == "modelopt" and isinstance(qc.get("quantization"), dict):
+        if method == methods.MODELOPT and isinstance(qc.get("quantization"), dict):
             lists.append(
                 _ExclusionList(
                     CONFIG_JSON,
@@ -175,7 +176,7 @@ def _exclusion_lists(
             )
         else:
             key = "ignore"
-            if method == "fp8":
+            if method == methods.FP8_METHOD:
                 keep = qc.get("ignored_layers") or not qc.get("modules_to_not_convert")
                 key = "ignored_layers" if keep else "modules_to_not_convert"
             lists.append(_ExclusionList(CONFIG_JSON, (*loc.keys, key), _ensure_list(qc, key, source)))
@@ -204,14 +205,14 @@ def _add_exclusions(out: RewrittenConfigs, targets: Collection[str], forbidden: 
     need = [m for m in targets if quantized_anywhere(decls, m)]
     if not need:
         return
-    methods = {d.method for d in decls}
-    if not methods <= {"modelopt", "compressed-tensors", "fp8"}:
+    in_play = {d.method for d in decls}
+    if not in_play <= {methods.MODELOPT, methods.COMPRESSED_TENSORS, methods.FP8_METHOD}:
         raise QuantConfigError(
-            f"cannot rewrite exclusions of quant_method {sorted(methods)}; only ModelOpt, "
+            f"cannot rewrite exclusions of quant_method {sorted(in_play)}; only ModelOpt, "
             "compressed-tensors and fp8 configs are supported."
         )
     # Generate for the strictest rule in play (exact-only beats glob).
-    method = "modelopt" if methods == {"modelopt"} else sorted(methods - {"modelopt"})[0]
+    method = methods.MODELOPT if in_play == {methods.MODELOPT} else sorted(in_play - {methods.MODELOPT})[0]
     patterns = _minimal_patterns(need, forbidden, method)
     for lst in _exclusion_lists(out.hf_quant, out.config, decls[0].method):
         added = [p for p in patterns if p not in lst.items]
@@ -298,7 +299,7 @@ def variant_configs(
     drafter = set(drafter_modules)
     others = {m for m in all_modules if m not in drafter}
     before = {m: [declared_algorithm(d, m) for d in decls] for m in others}
-    if any(d.algo == "MIXED_PRECISION" for d in decls):
+    if any(d.algo == methods.MIXED_PRECISION for d in decls):
         _drop_drafter_layers(out, drafter, others)
     pruned = _decls_of(out.hf_quant, out.config)
     forbidden = {m for m in others if quantized_anywhere(pruned, m)}

@@ -29,10 +29,11 @@ from mtpconv import __version__
 from mtpconv.checkpoint.safetensors_io import TensorInfo
 from mtpconv.errors import QuantConfigError
 from mtpconv.families import mtp_start_layer, vllm_drafter_key
-from mtpconv.formats.scale_layout import ScaleLayout
+from mtpconv.formats.scale_layout import BLOCK, ScaleLayout
 from mtpconv.jsonio import copy_json
 from mtpconv.layouts import Linear, MtpLayout, module_of, text_config
 from mtpconv.quantconfig import compressed_tensors as ct
+from mtpconv.quantconfig import methods
 from mtpconv.quantconfig.declarations import (
     DeclaredQuant,
     all_declarations,
@@ -44,15 +45,30 @@ from mtpconv.quantconfig.match import ExclusionPattern
 from mtpconv.quantconfig.rewrite import RewrittenConfigs, variant_configs
 from mtpconv.weight_names import CheckpointModules
 
-DENSE_ALGO = "FP8_PER_CHANNEL_PER_TOKEN"  # weight_scale f32 [out], dynamic per-token activations
-EXPERT_ALGO = "FP8_PB_WO"  # weight_scale_inv f32 128x128 blocks, dynamic activations
-EXPERT_BLOCK = 128
+DENSE_ALGO = methods.FP8_PER_CHANNEL_PER_TOKEN  # the drafter's dense linears: weight_scale f32 [out]
+EXPERT_ALGO = methods.FP8_PB_WO  # its routed experts: weight_scale_inv f32 128x128 blocks
 # vLLM 0.32's ModelOptMixedPrecisionConfig.get_quant_method: the algorithms it builds a
 # method for, per layer kind; any other algorithm leaves that layer BF16, silently.
 VLLM_MIXED_LINEAR_ALGOS = frozenset(
-    {"FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8"}
+    {
+        methods.FP8,
+        methods.FP8_PER_CHANNEL_PER_TOKEN,
+        methods.FP8_PB_WO,
+        methods.NVFP4,
+        methods.W4A16_NVFP4,
+        methods.MXFP8,
+    }
 )
-VLLM_MIXED_MOE_ALGOS = frozenset({"FP8", "FP8_PB_WO", "FP8_BLOCK_SCALES", "NVFP4", "W4A16_NVFP4", "MXFP8"})
+VLLM_MIXED_MOE_ALGOS = frozenset(
+    {
+        methods.FP8,
+        methods.FP8_PB_WO,
+        methods.FP8_BLOCK_SCALES,
+        methods.NVFP4,
+        methods.W4A16_NVFP4,
+        methods.MXFP8,
+    }
+)
 _FLAT_REPLACED = frozenset(
     {"quant_algo", "quantization", "config_groups", "ignore", "exclude_modules", "quantized_layers"}
 )
@@ -86,7 +102,7 @@ def drafter_algorithm(linear: Linear) -> str:
 def _resolved_target_algo(decl: DeclaredQuant, algo: str, body: Mapping[str, Any] | None) -> str:
     """The algorithm vLLM resolves a target module to: ModelOptNvFp4Config turns NVFP4 into
     W4A16_NVFP4 when every config group has no input_activations."""
-    if algo != "NVFP4" or decl.algo != "NVFP4" or body is None:
+    if algo != methods.NVFP4 or decl.algo != methods.NVFP4 or body is None:
         return algo
     groups = body.get("config_groups")
     if (
@@ -94,7 +110,7 @@ def _resolved_target_algo(decl: DeclaredQuant, algo: str, body: Mapping[str, Any
         and groups
         and all(isinstance(g, dict) and g.get("input_activations") is None for g in groups.values())
     ):
-        return "W4A16_NVFP4"
+        return methods.W4A16_NVFP4
     return algo
 
 
@@ -126,7 +142,7 @@ def _source_layer_entry(
     configs: QuantConfigs, decl: DeclaredQuant, module: str, algo: str, group_size: int | None
 ) -> dict[str, Any]:
     """The source's own ``quantized_layers`` entry (MIXED sources) or one built from its algo."""
-    if decl.algo == "MIXED_PRECISION":
+    if decl.algo == methods.MIXED_PRECISION:
         body, nested = _source_body(configs)
         for src in (body, (body or {}).get("quantization"), nested):
             layers = src.get("quantized_layers") if isinstance(src, dict) else None
@@ -134,7 +150,7 @@ def _source_layer_entry(
                 return dict(layers[module])
         return {"quant_algo": algo}
     entry: dict[str, Any] = {"quant_algo": algo}
-    if "NVFP4" in algo and group_size is not None:
+    if methods.NVFP4 in algo and group_size is not None:
         entry["group_size"] = group_size
     return entry
 
@@ -197,17 +213,17 @@ def standard_configs(
         why = f"compressed-tensors config group {ct.DRAFTER_GROUP!r} (FP8 per channel, dynamic per token)"
         return rewritten, DrafterDeclaration(DeclarationStyle.STANDARD, why)
     decls = all_declarations(configs)
-    methods = {d.method for d in decls}
+    in_play = {d.method for d in decls}
     kv = {d.kv_cache_algo for d in decls if d.kv_cache_algo is not None}
     reason = ""
-    if methods and methods != {"modelopt"}:
-        reason = f"quant_method {sorted(methods)} has no per-layer FP8 declaration here yet"
+    if in_play and in_play != {methods.MODELOPT}:
+        reason = f"quant_method {sorted(in_play)} has no per-layer FP8 declaration here yet"
     elif mla and kv:
         reason = (
             "an MLA target with a quantized KV cache: vLLM's MIXED_PRECISION config gives "
             "MLAAttention no KV-cache method, so its k/v scales would be dropped silently"
         )
-    elif kv - {"FP8"}:
+    elif kv - {methods.FP8}:
         reason = f"KV cache {sorted(kv)}: vLLM's flat MIXED_PRECISION form keeps only an FP8 KV cache"
     if reason:
         excluded = variant_configs(configs, drafter_modules, all_modules)
@@ -238,13 +254,13 @@ def _mixed(
     for module, algo in drafter.items():
         entry: dict[str, Any] = {"quant_algo": algo}
         if algo == EXPERT_ALGO:
-            entry["group_size"] = EXPERT_BLOCK
+            entry["group_size"] = BLOCK
         layers[vllm_drafter_key(module, family, num_layers)] = entry
     keys = {vllm_drafter_key(m, family, num_layers) for m in drafter}
     exclude = [
         p
         for p in (decl.exclude if decl is not None else [])
-        if not any(ExclusionPattern(p, "modelopt", "source").matches(k) for k in keys)
+        if not any(ExclusionPattern(p, methods.MODELOPT, "source").matches(k) for k in keys)
     ]
     kv_algo = decl.kv_cache_algo if decl is not None else None
     out = RewrittenConfigs(_hf_quant_doc(configs, layers, exclude, kv_algo), copy_json(configs.config))
@@ -261,7 +277,7 @@ def _producer(configs: QuantConfigs) -> dict[str, Any]:
         if isinstance(src, dict) and isinstance(src.get("producer"), dict):
             return dict(src["producer"])
     # A BF16 source: the dialect is ModelOpt's, the producer is us.
-    return {"name": "modelopt", "version": f"mtpconv {__version__}"}
+    return {"name": methods.MODELOPT, "version": f"mtpconv {__version__}"}
 
 
 def _hf_quant_doc(
@@ -273,7 +289,7 @@ def _hf_quant_doc(
     old: dict[str, Any] = doc["quantization"] if isinstance(doc.get("quantization"), dict) else {}
     q = {k: v for k, v in old.items() if k not in _FLAT_REPLACED | {"kv_cache_quant_algo", "group_size"}}
     doc["quantization"] = {
-        "quant_algo": "MIXED_PRECISION",
+        "quant_algo": methods.MIXED_PRECISION,
         "kv_cache_quant_algo": kv_algo,
         "quantized_layers": copy_json(layers),
         "exclude_modules": list(exclude),
@@ -292,12 +308,12 @@ def _put_flat(
 ) -> None:
     """config.json's quantization_config in vLLM's flat form, where the source had one."""
     loc = quant_location(config)
-    flat: dict[str, Any] = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}
+    flat: dict[str, Any] = {"quant_method": methods.MODELOPT, "quant_algo": methods.MIXED_PRECISION}
     if body is not None:
         flat.update({k: v for k, v in body.items() if k not in _FLAT_REPLACED | {"group_size"}})
-        flat["quant_method"] = "modelopt"
+        flat["quant_method"] = methods.MODELOPT
     flat["producer"] = _producer(configs)
-    if kv_algo == "FP8":
+    if kv_algo == methods.FP8:
         flat["kv_cache_scheme"] = copy_json(
             (body or {}).get("kv_cache_scheme")
             if isinstance((body or {}).get("kv_cache_scheme"), dict)

@@ -20,6 +20,7 @@ from mtpconv.families import mtp_start_layer, vllm_drafter_key
 from mtpconv.layouts import Linear, MtpLayout, text_config
 from mtpconv.names import fold_expert_index
 from mtpconv.quantconfig import compressed_tensors as ct
+from mtpconv.quantconfig import methods
 from mtpconv.quantconfig.declarations import DeclaredQuant, declared_algorithm, declared_quant
 from mtpconv.quantconfig.documents import QuantConfigs
 from mtpconv.quantconfig.standard import (
@@ -34,12 +35,12 @@ BF16 = "BF16"
 REFUSED = "refuses to load"
 
 _WHY = {
-    "FP8_PER_CHANNEL_PER_TOKEN": "per-channel weight scales, dynamic per-token activations "
+    methods.FP8_PER_CHANNEL_PER_TOKEN: "per-channel weight scales, dynamic per-token activations "
     "(ModelOptLinearMethod; no calibration needed)",
-    "FP8_PB_WO": "128x128 weight blocks, dynamic activations (vLLM's block-FP8 method; its mixed "
+    methods.FP8_PB_WO: "128x128 weight blocks, dynamic activations (vLLM's block-FP8 method; its mixed "
     "config has no per-channel FP8 experts)",
-    "FP8_BLOCK_SCALES": "128x128 weight blocks, dynamic activations (vLLM's block-FP8 MoE method)",
-    "FP8": "static per-tensor FP8 (needs the stored input_scale)",
+    methods.FP8_BLOCK_SCALES: "128x128 weight blocks, dynamic activations (vLLM's block-FP8 MoE method)",
+    methods.FP8: "static per-tensor FP8 (needs the stored input_scale)",
 }
 
 
@@ -119,10 +120,10 @@ def _reading(decl: DeclaredQuant, kind: ModuleKind, algo: str | None, fp8: bool)
                 "(no parameter for the scale); the mtpconv plugin serves it"
             )
         return BF16, "declared unquantized"
-    if decl.method == ct.METHOD:
+    if decl.method == methods.COMPRESSED_TENSORS:
         return algo, f"compressed-tensors group {ct.DRAFTER_GROUP!r}: FP8 per channel, dynamic per token"
     allowed = VLLM_MIXED_MOE_ALGOS if kind is ModuleKind.EXPERTS else VLLM_MIXED_LINEAR_ALGOS
-    if decl.algo == "MIXED_PRECISION" and algo not in allowed:
+    if decl.algo == methods.MIXED_PRECISION and algo not in allowed:
         return BF16, f"vLLM's MIXED_PRECISION config builds no {kind} method for {algo}"
     return algo, _WHY.get(algo, f"declared {algo}")
 

@@ -29,6 +29,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.utils import maybe_prefix, sequence_parallel_chunk
 
+from mtpconv.conversion_options import HeadDtype
 from mtpconv.errors import ManifestError
 from mtpconv.vllm_plugin import shared_expert
 from mtpconv.vllm_plugin.quant import DrafterQuantConfig, DraftHeadQuantConfig
@@ -144,7 +145,7 @@ class MtpconvDrafterMixin:
             draft_head = ParallelLMHead(
                 k,
                 int(self.config.hidden_size),
-                quant_config=DraftHeadQuantConfig() if head.dtype == "fp8" else None,
+                quant_config=DraftHeadQuantConfig() if head.dtype is HeadDtype.FP8 else None,
                 prefix=maybe_prefix(maybe_prefix(prefix, "mtp"), DRAFT_HEAD_ATTR),
             )
             self.model.add_module(DRAFT_HEAD_ATTR, draft_head)

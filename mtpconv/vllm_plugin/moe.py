@@ -23,10 +23,9 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm.platforms import current_platform
 
 from mtpconv.errors import ManifestError
-from mtpconv.formats.scale_layout import BLOCK
+from mtpconv.formats.scale_layout import BLOCK, ScaleLayout, stored_scale_shape
 from mtpconv.vllm_plugin.kernels import PreparedFp8
-
-_UNSET = torch.finfo(torch.float32).min
+from mtpconv.vllm_plugin.quant import UNLOADED_SCALE, has_unloaded
 
 
 def is_routed_experts(layer: torch.nn.Module) -> bool:
@@ -51,10 +50,6 @@ def fp8_experts_method(layer: Any, prefix: str, block: bool = False) -> Quantize
         assert method is not None
         return method
     return Fp8ExpertsLoopMethod(layer.moe_config, block=block)
-
-
-def _blocks(n: int) -> int:
-    return -(-n // BLOCK)
 
 
 class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
@@ -86,10 +81,13 @@ class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
             layer.register_parameter(name, p)
             set_weight_attrs(p, extra_weight_attrs)
         if self.block:
-            # The per-tensor values replicated into 128x128 blocks (gate blocks, then up).
+            # The per-tensor values replicated into 128x128 blocks (gate blocks, then up), as
+            # quantize-mtp stores them.
             shapes: tuple[tuple[int, ...], tuple[int, ...]] = (
-                (num_experts, 2 * _blocks(inter), _blocks(hidden_size)),
-                (num_experts, _blocks(hidden_size), _blocks(inter)),
+                stored_scale_shape(
+                    ScaleLayout.BLOCK_128, (num_experts, 2 * inter, hidden_size), fused_halves=True
+                ),
+                stored_scale_shape(ScaleLayout.BLOCK_128, (num_experts, hidden_size, inter)),
             )
             names, kind = ("w13_weight_scale_inv", "w2_weight_scale_inv"), FusedMoeWeightScaleSupported.BLOCK
         else:
@@ -97,7 +95,9 @@ class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
             shapes = ((num_experts, 2), (num_experts,))
             names, kind = ("w13_weight_scale", "w2_weight_scale"), FusedMoeWeightScaleSupported.TENSOR
         for name, shape in zip(names, shapes, strict=True):
-            p = torch.nn.Parameter(torch.full(shape, _UNSET, dtype=torch.float32), requires_grad=False)
+            p = torch.nn.Parameter(
+                torch.full(shape, UNLOADED_SCALE, dtype=torch.float32), requires_grad=False
+            )
             layer.register_parameter(name, p)
             set_weight_attrs(p, extra_weight_attrs)
             set_weight_attrs(p, {"quant_method": kind.value})
@@ -116,7 +116,7 @@ class Fp8ExpertsLoopMethod(FusedMoEMethodBase):
     def process_weights_after_loading(self, layer: Any) -> None:
         s13, s2 = self._scales(layer)
         stored = [p.data for n, p in layer.named_parameters(recurse=False) if "_scale" in n]
-        if any(bool((t == _UNSET).any()) for t in stored):
+        if any(has_unloaded(t) for t in stored):
             raise ManifestError(
                 f"{getattr(layer, 'layer_name', 'experts')}: mtpconv.json lists the "
                 "experts as FP8 but some have no weight_scale; re-run "

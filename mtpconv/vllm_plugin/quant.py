@@ -38,8 +38,14 @@ from vllm.model_executor.utils import set_weight_attrs
 from mtpconv.errors import ManifestError
 from mtpconv.vllm_plugin.kernels import PreparedFp8, row_scales
 
-_UNSET = torch.finfo(torch.float32).min
 NAME = "mtpconv_fp8"
+# What a scale parameter holds until the checkpoint's value is loaded into it.
+UNLOADED_SCALE = torch.finfo(torch.float32).min
+
+
+def has_unloaded(scale: torch.Tensor) -> bool:
+    """Whether some value of ``scale`` was never loaded from the checkpoint."""
+    return bool((scale == UNLOADED_SCALE).any())
 
 
 def _mark_weight_loader_v2(cls: type) -> type:
@@ -55,12 +61,20 @@ def _mark_weight_loader_v2(cls: type) -> type:
 
 
 def _check_scales_loaded(layer: Any, scale: torch.Tensor) -> None:
-    if bool((scale == _UNSET).any()):
+    if has_unloaded(scale):
         prefix = getattr(layer, "prefix", type(layer).__name__)
         raise ManifestError(
             f"{prefix}: mtpconv.json lists it as FP8 but the checkpoint has no "
             "weight_scale for it; re-run `mtpconv quantize-mtp`."
         )
+
+
+def _prepare(layer: Any, rows: torch.Tensor) -> None:
+    """Put ``layer``'s FP8 weight, with one scale per output row, in its kernel's layout; the
+    layer keeps exactly one copy of the FP8 weight: that layout."""
+    prepared = PreparedFp8(layer.weight.data, rows)
+    setattr(layer, "mtpconv_fp8", prepared)  # noqa: B010  (not a Module attribute)
+    layer.weight = torch.nn.Parameter(prepared.weight, requires_grad=False)
 
 
 def _kernel_of(layer: Any) -> PreparedFp8:
@@ -105,14 +119,16 @@ class Fp8DrafterLinearMethod(LinearMethodBase):
         if self.per_channel:
             scale = ChannelQuantScaleParameter(
                 data=torch.full(
-                    (sum(output_partition_sizes), *((1,) if self.column else ())), _UNSET, dtype=torch.float32
+                    (sum(output_partition_sizes), *((1,) if self.column else ())),
+                    UNLOADED_SCALE,
+                    dtype=torch.float32,
                 ),
                 output_dim=0,
                 weight_loader=loader,
             )
         else:
             scale = PerTensorScaleParameter(
-                data=torch.full((len(output_partition_sizes),), _UNSET, dtype=torch.float32),
+                data=torch.full((len(output_partition_sizes),), UNLOADED_SCALE, dtype=torch.float32),
                 weight_loader=loader,
             )
             set_weight_attrs(scale, {"scale_type": "weight_scale"})
@@ -124,10 +140,7 @@ class Fp8DrafterLinearMethod(LinearMethodBase):
             rows = layer.weight_scale.data.to(torch.float32).reshape(-1)
         else:
             rows = row_scales(layer.weight_scale.data, layer.logical_widths)
-        prepared = PreparedFp8(layer.weight.data, rows)
-        setattr(layer, "mtpconv_fp8", prepared)  # noqa: B010  (not a Module attribute)
-        # The layer keeps exactly one copy of the FP8 weight: the kernel's layout.
-        layer.weight = torch.nn.Parameter(prepared.weight, requires_grad=False)
+        _prepare(layer, rows)
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return _kernel_of(layer).apply(x, bias)
@@ -154,17 +167,14 @@ class Fp8DraftHeadMethod(QuantizeMethodBase):
         set_weight_attrs(weight, extra_weight_attrs)
         layer.register_parameter("weight", weight)
         # No output_dim: vLLM's vocab loader copies it whole onto every rank.
-        scale = torch.nn.Parameter(torch.full((1,), _UNSET, dtype=torch.float32), requires_grad=False)
+        scale = torch.nn.Parameter(torch.full((1,), UNLOADED_SCALE, dtype=torch.float32), requires_grad=False)
         set_weight_attrs(scale, extra_weight_attrs)
         layer.register_parameter("weight_scale", scale)
 
     def process_weights_after_loading(self, layer: Any) -> None:
         _check_scales_loaded(layer, layer.weight_scale.data)
         n = layer.weight.shape[0]
-        rows = layer.weight_scale.data.reshape(1).expand(n)
-        prepared = PreparedFp8(layer.weight.data, rows)
-        setattr(layer, "mtpconv_fp8", prepared)  # noqa: B010  (not a Module attribute)
-        layer.weight = torch.nn.Parameter(prepared.weight, requires_grad=False)
+        _prepare(layer, layer.weight_scale.data.reshape(1).expand(n))
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return _kernel_of(layer).apply(x, bias)

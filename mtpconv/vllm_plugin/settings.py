@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 
 from mtpconv.checkpoint.digests import sha256_file
+from mtpconv.conversion_options import HeadDtype
 from mtpconv.errors import DraftVocabError, ManifestError, hub_errors
 from mtpconv.formats.draft_ids import load_draft_vocab_ids
 from mtpconv.manifest import MANIFEST_NAME, Manifest, read_manifest
 from mtpconv.names import drafter_name
 
 DRAFT_VOCAB_ENV = "MTPCONV_DRAFT_VOCAB"
-# Prefixes a checkpoint may put in front of the drafter's ``mtp.`` names.
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class DraftHeadSettings:
     """The truncated draft head: target ids of its rows and its weight format."""
 
     ids: torch.Tensor  # 1-D int64, sorted ascending
-    dtype: str  # "fp8" | "bf16"
+    dtype: HeadDtype
     file: Path | None = None  # the head's own safetensors file (None: in the weights)
 
 
@@ -130,10 +130,12 @@ def drafter_settings(model: str, revision: str | None, vocab_size: int) -> Draft
     head = None
     dv = manifest.draft_vocab
     if dv is not None and draft_vocab_enabled():
-        if dv.head_dtype not in ("fp8", "bf16"):
+        try:
+            head_dtype = HeadDtype(dv.head_dtype)
+        except ValueError:
             raise ManifestError(
                 f"{model_dir / MANIFEST_NAME}: draft head dtype {dv.head_dtype!r} is not fp8 or bf16."
-            )
+            ) from None
         ids_path = _ensure_file(model_dir, model, dv.file, revision)
         ids = load_draft_ids(ids_path, dv.sha256, vocab_size)
         if ids.numel() != dv.size:
@@ -146,7 +148,7 @@ def drafter_settings(model: str, revision: str | None, vocab_size: int) -> Draft
                     f"{head_file} is listed in {MANIFEST_NAME} but missing; copy the whole variant "
                     "(its mtpconv/ folder too) or re-run `mtpconv quantize-mtp`."
                 )
-        head = DraftHeadSettings(ids=ids, dtype=dv.head_dtype, file=head_file)
+        head = DraftHeadSettings(ids=ids, dtype=head_dtype, file=head_file)
     fp8 = frozenset(drafter_name(n) for n in manifest.drafter.fp8_linears)
     layouts = {drafter_name(n): v for n, v in manifest.drafter.scale_layouts.items()}
     return DrafterSettings(

@@ -12,6 +12,7 @@ import torch
 
 import mtpconv.vllm_plugin as plugin
 from fixtures.vllm_run import EXPECTED_CPU_FP8_KERNEL, VLLM_CPU_HAS_FP8_KERNEL
+from mtpconv.conversion_options import HeadDtype
 from mtpconv.errors import ManifestError
 from mtpconv.formats.fp8 import dequantize_fp8, quantize_fp8
 from mtpconv.names import drafter_name
@@ -41,6 +42,22 @@ def test_register_is_idempotent(monkeypatch: pytest.MonkeyPatch) -> None:
     plugin.register()
     assert calls == list(plugin.DRAFTER_CLASSES.items())
     assert {a for a, _ in calls} == {"Qwen3_5MTP", "Qwen3_5MoeMTP", "Qwen3NextMTP", "MiMoMTPModel"}
+
+
+def test_the_plugin_replaces_the_classes_of_the_rows_it_serves() -> None:
+    """`Family.draft_vocab` (the rows quantize-mtp gives a truncated head) and the classes the
+    plugin registers say the same thing."""
+    from mtpconv.families import FAMILIES
+
+    served = {arch for row in FAMILIES if row.draft_vocab for arch in row.vllm_mtp}
+    assert set(plugin.DRAFTER_CLASSES) == served
+
+
+def test_a_scale_never_loaded_is_told_apart() -> None:
+    from mtpconv.vllm_plugin.quant import UNLOADED_SCALE, has_unloaded
+
+    assert has_unloaded(torch.tensor([0.5, UNLOADED_SCALE]))
+    assert not has_unloaded(torch.tensor([0.5, 1e-30]))
 
 
 @pytest.mark.parametrize("allow", ["", "other", "lora_filesystem_resolver, other"])
@@ -138,7 +155,7 @@ def test_settings_from_manifest(
     assert drafter_settings(str(models["planted"]), None, 512) is None
     s = drafter_settings(str(models["planted_fp8_vocab"]), None, 512)
     assert s is not None and s.head is not None
-    assert s.head.dtype == "fp8" and s.head.ids.tolist() == list(range(384))
+    assert s.head.dtype is HeadDtype.FP8 and s.head.ids.tolist() == list(range(384))
     assert "mtp.layers.0.self_attn.q_proj" in s.fp8_modules
     monkeypatch.setenv("MTPCONV_DRAFT_VOCAB", "0")
     off = drafter_settings(str(models["planted_fp8_vocab"]), None, 512)
@@ -156,6 +173,19 @@ def test_tampered_ids_file_is_refused(models: dict[str, Path], tmp_path: Path) -
     doc["drafter"]["activation_scheme"] = "static"
     (copy / "mtpconv.json").write_text(json.dumps(doc))
     with pytest.raises(ManifestError, match="not supported"):
+        drafter_settings(str(copy), None, 512)
+
+
+def test_a_draft_head_dtype_other_than_fp8_or_bf16_is_refused(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    copy = Path(shutil.copytree(models["planted_fp8_vocab"], tmp_path / "v"))
+    doc = json.loads((copy / "mtpconv.json").read_text())
+    doc["draft_vocab"]["head_dtype"] = "fp16"
+    (copy / "mtpconv.json").write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="draft head dtype 'fp16' is not fp8 or bf16"):
         drafter_settings(str(copy), None, 512)
 
 
