@@ -27,6 +27,7 @@ import torch
 
 from mtpconv.formats.scale_layout import BLOCK, blocks
 from mtpconv.kernels import reference, tuning
+from mtpconv.kernels.kept_state import kept
 
 Bias = torch.Tensor | None
 SKINNY_MAX_TOKENS = 16  # the skinny GEMM's rows at most, where it is chosen
@@ -351,14 +352,15 @@ def choose_kernel(device: torch.device, call: Call) -> type[Fp8LinearKernel]:
     raise ValueError(f"no FP8 linear kernel left for {call} on {device} ({DISABLED_ENV}={left_out})")
 
 
-@functools.lru_cache(maxsize=16)
+_ONES: dict[tuple[object, ...], torch.Tensor] = {}
+
+
 def _ones_scalar(device: torch.device) -> torch.Tensor:
-    return torch.ones((), dtype=torch.float32, device=device)
+    return kept(_ONES, (device,), device, lambda _: torch.ones((), dtype=torch.float32, device=device))
 
 
-@functools.lru_cache(maxsize=64)
 def _ones_row(n: int, device: torch.device) -> torch.Tensor:
-    return torch.ones((1, n), dtype=torch.float32, device=device)
+    return kept(_ONES, (n, device), device, lambda _: torch.ones((1, n), dtype=torch.float32, device=device))
 
 
 def _weight_scale_row(w_scale: torch.Tensor, n: int) -> torch.Tensor:

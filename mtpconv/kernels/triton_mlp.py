@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from mtpconv.kernels import pdl
+from mtpconv.kernels.kept_state import kept
 from mtpconv.kernels.mlp import MAX_TOKENS, fits
 from mtpconv.kernels.triton_gemv import _dot8, _row
 from mtpconv.kernels.triton_quant import agreement_state, sm_count, stream_key
@@ -198,20 +199,18 @@ def _mlp_kernel(
             )  # fmt: skip
 
 
-_ACT: dict[tuple[int, int], torch.Tensor] = {}
+_ACT: dict[tuple[object, ...], torch.Tensor] = {}
 _ACT_KEEP: list[torch.Tensor] = []  # superseded workspaces: a captured graph may still use them
 
 
 def _act_workspace(device: torch.device, floats: int) -> torch.Tensor:
-    """The float32 intermediate, per (device, stream): launches on one stream are ordered."""
-    key = stream_key(device)
-    ws = _ACT.get(key)
-    if ws is None or ws.numel() < floats:
-        if ws is not None:
-            _ACT_KEEP.append(ws)
-        ws = torch.empty(max(floats, 1 << 14), dtype=torch.float32, device=device)
-        _ACT[key] = ws
-    return ws
+    """The float32 intermediate, per (device, stream): launches on one stream are ordered
+    (:func:`mtpconv.kernels.kept_state.kept`)."""
+
+    def make(_: object) -> torch.Tensor:
+        return torch.empty(max(floats, 1 << 14), dtype=torch.float32, device=device)
+
+    return kept(_ACT, stream_key(device), device, make, lambda ws: ws.numel() >= floats, _ACT_KEEP)
 
 
 def _scale(s: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from mtpconv.formats.e4m3 import FP8_MAX as E4M3_MAX
 from mtpconv.formats.fp8_table import TINY
 from mtpconv.formats.scale_layout import BLOCK
 from mtpconv.kernels import pdl
+from mtpconv.kernels.kept_state import kept
 from mtpconv.kernels.triton_tile import pdl_enter
 
 # Globals read inside @triton.jit functions must be tl.constexpr.
@@ -116,7 +117,8 @@ def stream_key(device: torch.device) -> tuple[int, int]:
 
 
 _AGREEMENT: dict[tuple[object, ...], tuple[torch.Tensor, torch.Tensor]] = {}
-_AGREEMENT_KEEP: list[torch.Tensor] = []  # superseded state: a captured graph may still use it
+# superseded state: a captured graph may still use it
+_AGREEMENT_KEEP: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
 def agreement_state(
@@ -125,18 +127,16 @@ def agreement_state(
     """The host side of :func:`agreed_amax`: float32 slots ``[groups, parts]`` and one int64
     counter a group, per (device, stream, ``user``, parts). Zeroed once, then never reset (the
     counters only grow); replaced by a larger pair when ``groups`` outgrows it, the old pair
-    kept alive."""
-    key = (*stream_key(device), user, parts)
-    state = _AGREEMENT.get(key)
-    if state is None or state[1].numel() < groups:
-        if state is not None:
-            _AGREEMENT_KEEP.extend(state)
-        state = (
+    kept alive (:func:`mtpconv.kernels.kept_state.kept`)."""
+
+    def make(_: object) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
             torch.zeros(groups * parts, dtype=torch.float32, device=device),
             torch.zeros(groups, dtype=torch.int64, device=device),
         )
-        _AGREEMENT[key] = state
-    return state
+
+    key = (*stream_key(device), user, parts)
+    return kept(_AGREEMENT, key, device, make, lambda state: state[1].numel() >= groups, _AGREEMENT_KEEP)
 
 
 @functools.lru_cache(maxsize=8)

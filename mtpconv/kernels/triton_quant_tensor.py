@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from mtpconv.kernels import pdl
+from mtpconv.kernels.kept_state import kept
 from mtpconv.kernels.triton_quant import (
     FP8_MAX,
     FP8_TINY,
@@ -127,20 +128,20 @@ SINGLE_PROGRAM_MAX = 96 * 1024
 # up to ONCE_CHUNK x the SM count elements (one program per SM at most, all resident).
 ONCE_CHUNK = 4096
 ONCE_ALONE = 16384
-_SYNC: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_SYNC: dict[tuple[object, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _sync_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two-pass kernel's amax and its arrival / departure counters."""
-    key = stream_key(device)
-    state = _SYNC.get(key)
-    if state is None:
-        state = (
+    """The two-pass kernel's amax and its arrival / departure counters, zeroed
+    (:func:`mtpconv.kernels.kept_state.kept`)."""
+
+    def make(_: object) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
             torch.zeros(1, dtype=torch.float32, device=device),
             torch.zeros(2, dtype=torch.int32, device=device),
         )
-        _SYNC[key] = state
-    return state
+
+    return kept(_SYNC, stream_key(device), device, make)
 
 
 class OnceLaunch(NamedTuple):

@@ -42,8 +42,9 @@ import triton.language as tl
 from mtpconv.formats.scale_layout import BLOCK
 from mtpconv.kernels import pdl as pdl_setting
 from mtpconv.kernels import triton_gemv
+from mtpconv.kernels.kept_state import kept
 from mtpconv.kernels.reference import is_block_scale
-from mtpconv.kernels.triton_quant import BLOCK_EDGE, FP8_MAX
+from mtpconv.kernels.triton_quant import BLOCK_EDGE, FP8_MAX, stream_key
 from mtpconv.kernels.triton_tile import finish_tile, pdl_enter, pdl_leave, weight_tile
 from mtpconv.kernels.tuning import Entry, Tuning, for_device, token_bucket
 
@@ -269,23 +270,29 @@ def split_for(tiles: int, k: int, block_k: int, programs: int) -> tuple[int, int
     return best[1], best[2]
 
 
-_WORK: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-_KEEP: list[torch.Tensor] = []  # superseded workspaces: a captured graph may still use them
+_WORK: dict[tuple[object, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+_KEEP: list[tuple[torch.Tensor, torch.Tensor]] = []  # superseded: a captured graph may still use them
 
 
 def _workspace(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.index or 0, stream)
-    ws, cnt = _WORK.get(key, (None, None))
-    if ws is None or cnt is None or ws.numel() < floats or cnt.numel() < tiles:
-        if ws is not None and cnt is not None:
-            _KEEP.extend((ws, cnt))
-        old_f = ws.numel() if ws is not None else 0
-        old_t = cnt.numel() if cnt is not None else 0
-        ws = torch.empty(max(floats, old_f, 1 << 20), dtype=torch.float32, device=device)
-        cnt = torch.zeros(max(tiles, old_t, 1 << 14), dtype=torch.int32, device=device)
-        _WORK[key] = (ws, cnt)
-    return ws, cnt
+    """The split-K partials and the zeroed arrival counters, per (device, stream): launches on
+    one stream are ordered (:func:`mtpconv.kernels.kept_state.kept`)."""
+
+    def make(old: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        old_f, old_t = (old[0].numel(), old[1].numel()) if old is not None else (0, 0)
+        return (
+            torch.empty(max(floats, old_f, 1 << 20), dtype=torch.float32, device=device),
+            torch.zeros(max(tiles, old_t, 1 << 14), dtype=torch.int32, device=device),
+        )
+
+    return kept(
+        _WORK,
+        stream_key(device),
+        device,
+        make,
+        lambda state: state[0].numel() >= floats and state[1].numel() >= tiles,
+        _KEEP,
+    )
 
 
 def scale_kind(w_scale: torch.Tensor, n: int, k: int) -> int:

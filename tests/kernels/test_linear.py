@@ -227,7 +227,7 @@ def test_agreement_state_is_kept_per_user_and_grows_without_reset() -> None:
     assert tq.agreement_state(cpu, "test-tensor", 4, 1)[1] is not counts  # another user's own
     grown = tq.agreement_state(cpu, "test-token", 4, 70)
     assert grown[1].numel() == 70 and int(grown[1].sum()) == 0
-    assert any(t is counts for t in tq._AGREEMENT_KEEP)  # a captured graph may still use the old
+    assert any(old[1] is counts for old in tq._AGREEMENT_KEEP)  # a captured graph may still use it
 
 
 def test_reference_activation_quantizers_round_trip() -> None:
