@@ -13,6 +13,7 @@ from enum import Enum
 from pathlib import Path
 
 from mtpconv.checkpoint.index import INDEX_NAME, CheckpointFiles
+from mtpconv.checkpoint.safetensors_io import BF16, F8_E4M3, F32, U8
 from mtpconv.checkpoint.writer import TensorSpec
 from mtpconv.conversion_options import HeadDtype
 from mtpconv.errors import ConversionError, LayoutError, OutputError, SourceError
@@ -235,25 +236,23 @@ def build_plan(
                 continue
             _check_shape(lin)
             plan.tensors.append(
-                OutTensor(
-                    TensorSpec(lin.fp8_weight_name, "F8_E4M3", lin.shape), OutKind.FP8_WEIGHT, linear=lin
-                )
+                OutTensor(TensorSpec(lin.fp8_weight_name, F8_E4M3, lin.shape), OutKind.FP8_WEIGHT, linear=lin)
             )
             scale_shape = stored_scale_shape(lin.scale_layout, lin.shape, lin.fused_halves)
             plan.tensors.append(
-                OutTensor(TensorSpec(lin.fp8_scale_name, "F32", scale_shape), OutKind.FP8_SCALE, linear=lin)
+                OutTensor(TensorSpec(lin.fp8_scale_name, F32, scale_shape), OutKind.FP8_SCALE, linear=lin)
             )
         shards.append(plan)
     if head_plan:
         # Its own file in a subdirectory: vLLM globs only the root's *.safetensors (and,
         # with an index, only files of its weight_map), so stock vLLM never sees it.
         head_file = ShardPlan(DRAFT_HEAD_FILE, ShardAction.REWRITE, indexed=False)
-        head_dtype = "F8_E4M3" if head_plan.dtype is HeadDtype.FP8 else "BF16"
+        head_dtype = F8_E4M3 if head_plan.dtype is HeadDtype.FP8 else BF16
         head_spec = TensorSpec(head_plan.tensor, head_dtype, (head_plan.rows, head_plan.hidden))
         head_file.tensors.append(OutTensor(head_spec, OutKind.DRAFT_HEAD))
         if head_plan.dtype is HeadDtype.FP8:
             scale_name = head_plan.tensor[: -len("weight")] + "weight_scale"
-            head_file.tensors.append(OutTensor(TensorSpec(scale_name, "F32", ()), OutKind.DRAFT_HEAD_SCALE))
+            head_file.tensors.append(OutTensor(TensorSpec(scale_name, F32, ()), OutKind.DRAFT_HEAD_SCALE))
         shards.append(head_file)
 
     before = files.total_tensor_bytes
@@ -304,5 +303,5 @@ def _draft_head_plan(
             "tied), so there are no head rows to slice for the draft head."
         )
     info = files.tensors[source]
-    hidden = info.shape[1] * (2 if info.dtype == "U8" else 1)
+    hidden = info.shape[1] * (2 if info.dtype == U8 else 1)
     return DraftHeadPlan(rows=rows, hidden=hidden, dtype=head_dtype, source_tensor=source, tensor=tensor)

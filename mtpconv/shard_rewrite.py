@@ -23,7 +23,7 @@ import numpy as np
 
 from mtpconv.checkpoint.index import CheckpointFiles
 from mtpconv.checkpoint.reader import ShardReader, ShardStream
-from mtpconv.checkpoint.safetensors_io import TensorInfo, tensor_from_bytes
+from mtpconv.checkpoint.safetensors_io import BF16, F8_E4M3, F32, U8, TensorInfo, tensor_from_bytes
 from mtpconv.checkpoint.writer import ShardWriter, tensor_bytes
 from mtpconv.errors import ConversionError
 from mtpconv.formats.fp8_table import (
@@ -111,7 +111,7 @@ def _source_weight(tensor: Callable[[str], torch.Tensor], lin: Linear) -> torch.
 
 def head_rows(reader: ShardReader, source: str, ids: torch.Tensor) -> torch.Tensor:
     """``head[ids]`` as stored; for an NVFP4 head only the chosen rows are dequantized."""
-    if reader.info(source).dtype == "U8":
+    if reader.info(source).dtype == U8:
         from mtpconv.formats.nvfp4 import dequantize_nvfp4
 
         module = module_of(source)
@@ -133,7 +133,7 @@ _FP8_PARTS: dict[OutKind, _Part] = {
     OutKind.DRAFT_HEAD_SCALE: "scale",
 }
 # The safetensors dtype each part is written as.
-_PART_DTYPES: dict[_Part, str] = {"weight": "F8_E4M3", "scale": "F32"}
+_PART_DTYPES: dict[_Part, str] = {"weight": F8_E4M3, "scale": F32}
 
 
 # A rewritten shard flows through three stages: a reader thread (source bytes, in
@@ -335,10 +335,10 @@ class ShardJob:
         else:
             assert self.head is not None
             head, rows = self.head
-            if t.spec.dtype == "BF16":
+            if t.spec.dtype == BF16:
                 import torch
 
-                data, dtype = tensor_bytes(rows.to(torch.bfloat16)), "BF16"
+                data, dtype = tensor_bytes(rows.to(torch.bfloat16)), BF16
             else:
                 module = module_of(head)
                 if module not in self._open:

@@ -14,7 +14,19 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from mtpconv.checkpoint.safetensors_io import FLOAT_DTYPES, TensorInfo
+from mtpconv.checkpoint.safetensors_io import (
+    BF16,
+    F8_E4M3,
+    F16,
+    F32,
+    F64,
+    FLOAT_DTYPES,
+    FP8_DTYPES,
+    I32,
+    I64,
+    U8,
+    TensorInfo,
+)
 from mtpconv.families.kimi_k3 import PER_EXPERT_W
 from mtpconv.families.types import LINEAR_LEAVES
 
@@ -32,9 +44,8 @@ _FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
 # compressed-tensors names: the packed NVFP4 weight and its float32 global scales.
 CT_PACKED = ".weight_packed"
 _CT_SUFFIXES = (CT_PACKED, ".weight_global_scale", ".input_global_scale")
-_FP8_DTYPES = frozenset({"F8_E4M3", "F8_E5M2"})
-_INT_DTYPES = frozenset({"I32", "I64"})
-_FLOAT_BITS = {"F64": 64, "F32": 32, "F16": 16, "BF16": 16}
+_INT_DTYPES = frozenset({I32, I64})
+_FLOAT_BITS = {F64: 64, F32: 32, F16: 16, BF16: 16}
 
 
 class Stored(str, Enum):
@@ -110,8 +121,9 @@ def _gptq_logical(shapes: Shapes, bits: int) -> tuple[int, ...]:
     return (out, rows * 32 // bits) if cols == out else (out, rows)
 
 
-_U8 = frozenset({"U8"})
-_E4M3 = frozenset({"F8_E4M3"})
+_U8 = frozenset({U8})
+_E4M3 = frozenset({F8_E4M3})
+_I32 = frozenset({I32})
 # Every sub-8-bit (and packed) storage mtpconv recognises; plain and FP8 weights are read by dtype.
 STORAGES: tuple[Storage, ...] = (
     Storage(
@@ -166,7 +178,7 @@ STORAGES: tuple[Storage, ...] = (
         Stored.INT_CT,
         "INT (compressed-tensors pack-quantized)",
         "weight_packed",
-        frozenset({"I32"}),
+        _I32,
         {"weight_scale": None, "weight_shape": _INT_DTYPES},
         ("weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx", "input_global_scale"),
         _ct_int_bits,
@@ -178,8 +190,8 @@ STORAGES: tuple[Storage, ...] = (
         Stored.INT_GPTQ,
         "INT (GPTQ/AWQ qweight)",
         "qweight",
-        frozenset({"I32"}),
-        {"qzeros": frozenset({"I32"}), "scales": None},
+        _I32,
+        {"qzeros": _I32, "scales": None},
         ("qzeros", "scales", "g_idx", "bias"),
         _gptq_bits,
         _gptq_logical,
@@ -245,7 +257,7 @@ def storage_of(name: str, tensors: Mapping[str, TensorInfo]) -> WeightStorage | 
             storage.stored, aux, bits, None if bits is None else storage.logical(shapes, bits)
         )
     base = module_of(name)
-    if info.dtype in _FP8_DTYPES:
+    if info.dtype in FP8_DTYPES:
         aux = tuple(
             n for n in (f"{base}.weight_scale", f"{base}.input_scale", f"{name}_scale") if n in tensors
         )

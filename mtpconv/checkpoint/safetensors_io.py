@@ -25,26 +25,33 @@ if TYPE_CHECKING:
 # Largest header we accept: real headers of 200 GB checkpoints are a few MiB.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
+# safetensors' dtype strings (a header's "dtype"), each spelled here once.
+F64, F32, F16, BF16 = "F64", "F32", "F16", "BF16"
+I64, I32, I16, I8 = "I64", "I32", "I16", "I8"
+U64, U32, U16, U8 = "U64", "U32", "U16", "U8"
+BOOL, F8_E4M3, F8_E5M2 = "BOOL", "F8_E4M3", "F8_E5M2"
+
 # safetensors dtype string -> bytes per element. Header work (inspect, --dry-run,
 # fix-exclusions, verify) needs only sizes; torch is imported when a tensor is read.
 DTYPE_SIZES: dict[str, int] = {
-    "F64": 8,
-    "F32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I64": 8,
-    "I32": 4,
-    "I16": 2,
-    "I8": 1,
-    "U8": 1,
-    "U16": 2,
-    "U32": 4,
-    "U64": 8,
-    "BOOL": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
+    F64: 8,
+    F32: 4,
+    F16: 2,
+    BF16: 2,
+    I64: 8,
+    I32: 4,
+    I16: 2,
+    I8: 1,
+    U8: 1,
+    U16: 2,
+    U32: 4,
+    U64: 8,
+    BOOL: 1,
+    F8_E4M3: 1,
+    F8_E5M2: 1,
 }
-FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+FLOAT_DTYPES = frozenset({F64, F32, F16, BF16})
+FP8_DTYPES = frozenset({F8_E4M3, F8_E5M2})
 
 
 class TensorInfo(NamedTuple):
@@ -209,21 +216,21 @@ def torch_dtype(dtype: str) -> torch.dtype:
     import torch
 
     table: dict[str, torch.dtype] = {
-        "F64": torch.float64,
-        "F32": torch.float32,
-        "F16": torch.float16,
-        "BF16": torch.bfloat16,
-        "I64": torch.int64,
-        "I32": torch.int32,
-        "I16": torch.int16,
-        "I8": torch.int8,
-        "U8": torch.uint8,
-        "U16": torch.uint16,
-        "U32": torch.uint32,
-        "U64": torch.uint64,
-        "BOOL": torch.bool,
-        "F8_E4M3": torch.float8_e4m3fn,
-        "F8_E5M2": torch.float8_e5m2,
+        F64: torch.float64,
+        F32: torch.float32,
+        F16: torch.float16,
+        BF16: torch.bfloat16,
+        I64: torch.int64,
+        I32: torch.int32,
+        I16: torch.int16,
+        I8: torch.int8,
+        U8: torch.uint8,
+        U16: torch.uint16,
+        U32: torch.uint32,
+        U64: torch.uint64,
+        BOOL: torch.bool,
+        F8_E4M3: torch.float8_e4m3fn,
+        F8_E5M2: torch.float8_e5m2,
     }
     return table[dtype]
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mtpconv.checkpoint.safetensors_io import BF16, F16
 from mtpconv.formats.e4m3 import FP8_MAX, decode_e4m3, encode_e4m3
 from mtpconv.formats.scale_layout import ScaleLayout, stored_scale_shape
 
@@ -34,7 +35,7 @@ _CHUNK = 1 << 18  # patterns per step: its widened copy (2 MiB) stays in cache
 _PATTERNS = 1 << 16
 _MAGNITUDE = np.uint16(0x7FFF)
 # Smallest non-finite magnitude pattern: +Inf (NaNs lie above it); safetensors dtype names.
-_INF_PATTERN = {"BF16": 0x7F80, "F16": 0x7C00}
+_INF_PATTERN = {BF16: 0x7F80, F16: 0x7C00}
 HALF_DTYPES = frozenset(_INF_PATTERN)
 # Smallest positive normal float32: keeps an all-zero weight finite (scale > 0).
 TINY = np.finfo(np.float32).tiny
@@ -108,7 +109,7 @@ def is_non_finite_magnitude(magnitude: int, dtype: str) -> bool:
 def pattern_values(dtype: str) -> np.ndarray:
     """Every 16-bit pattern of ``dtype`` as float32 (index = bit pattern), exactly."""
     patterns = np.arange(_PATTERNS, dtype=np.uint32)
-    if dtype == "BF16":
+    if dtype == BF16:
         return (patterns << 16).view(np.float32)
     return patterns.astype(np.uint16).view(np.float16).astype(np.float32)
 
