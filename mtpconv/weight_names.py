@@ -28,13 +28,11 @@ from mtpconv.checkpoint.safetensors_io import (
     TensorInfo,
 )
 from mtpconv.families.kimi_k3 import PER_EXPERT_W
-from mtpconv.families.types import LINEAR_LEAVES
+from mtpconv.families.types import LINEAR_LEAVES, ROUTER_GATE_LEAVES
 
 # Last name component of 2-D modules vLLM never quantizes (lookups, routers; "embeddings": Nemotron-H's
 # embed_tokens), and of those we keep out of the FP8 linears too (heads: the draft head is separate).
-_NEVER_QUANTIZED = frozenset(
-    {"embed_tokens", "embeddings", "gate", "shared_expert_gate", "e_score_correction_bias"}
-)
+_NEVER_QUANTIZED = frozenset({"embed_tokens", "embeddings", *ROUTER_GATE_LEAVES, "e_score_correction_bias"})
 NOT_LINEAR = _NEVER_QUANTIZED | {"head", "lm_head", "draft_lm_head"}
 # ``kv_a_proj_with_mqa``: MLA, fused with ``q_a_proj`` in vLLM (both FP8 or neither)
 _LINEAR_NAME = re.compile(

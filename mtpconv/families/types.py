@@ -63,6 +63,9 @@ STEP_MODULES = ("embed_tokens", "enorm", "hnorm", "eh_proj", "shared_head")
 # (Qwen4-Exp), ``eh_proj`` (DeepSeek style), ``input_proj`` (MiMo) and Bailing-V3's attention
 # output ``dense``. A row's own `Family.linear_leaves` add to them for that family only.
 LINEAR_LEAVES = ("fc", "fc_embedding", "fc_hidden", "eh_proj", "input_proj", "dense")
+# MoE router gates under an ``mlp``: the routed experts' ``gate`` and Qwen's
+# ``shared_expert_gate``. vLLM builds them with no quant config; mtpconv leaves them BF16.
+ROUTER_GATE_LEAVES = ("gate", "shared_expert_gate")
 
 
 @dataclass(frozen=True)

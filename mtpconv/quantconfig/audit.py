@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from mtpconv.errors import QuantConfigError
+from mtpconv.families.types import ROUTER_GATE_LEAVES
 from mtpconv.findings import Finding, Severity
 from mtpconv.quantconfig import methods
 from mtpconv.quantconfig.declarations import (
@@ -39,7 +40,7 @@ CODE_CONFIG_INVALID = "quant-config-invalid"
 CODE_METHOD_UNSUPPORTED = "quant-method-unsupported"
 
 # Router gates: vLLM's Qwen3-Next / Qwen3.5 MoE blocks build them with no quant config.
-_ROUTER_GATES = (".mlp.gate", ".mlp.shared_expert_gate")
+_ROUTER_GATES = tuple(f".mlp.{leaf}" for leaf in ROUTER_GATE_LEAVES)
 _SUPPORTED_METHODS = (methods.MODELOPT, methods.COMPRESSED_TENSORS, methods.FP8_METHOD, NO_QUANT)
 _QUANTIZED = (StorageFormat.NVFP4, StorageFormat.MXFP4, StorageFormat.INT, StorageFormat.FP8)
 
