@@ -34,6 +34,7 @@ case $STAGE in
         ENGINE=(--engine-arg gdn_prefill_backend=triton) ;;
   *) echo "stage: mimo or next" >&2; exit 2 ;;
 esac
+ENGINE+=(--engine-arg max_model_len=4096)
 SRC=/tmp/e2e/$SHAPE-L$LAYERS
 VAR=$SRC-mtpfp8
 MTPCONV=(python3 -m mtpconv)
@@ -48,12 +49,12 @@ export TMPDIR=/tmp/e2e/rows-$STAGE-$RUNNER
 rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
 rc=0
 [ "${ROWS:-}" = none ] || timeout $((END - SECONDS)) "${MTPCONV[@]}" eval "$SRC" "$VAR" -k 3 --batch 1,8 --max-tokens 128 \
-  ${ROWS:+--rows "$ROWS"} --engine-arg max_model_len=4096 "${ENGINE[@]}" --json --no-save \
+  ${ROWS:+--rows "$ROWS"} "${ENGINE[@]}" --json --no-save \
   > "$OUT/$STAGE-$RUNNER.json" || rc=$?
 for row in ${PROFILE:+${PROFILE//,/ }}; do
   case $row in variant-*) MODEL=$VAR ;; *) MODEL=$SRC ;; esac
   timeout $((END - SECONDS)) python3 -m benchmarks.gpu_e2e.step_profile "$MODEL" --row "$row" -k 3 \
-    --out "$OUT/$STAGE-$RUNNER-profile-$row.json" --engine-arg max_model_len=4096 "${ENGINE[@]}" \
+    --out "$OUT/$STAGE-$RUNNER-profile-$row.json" "${ENGINE[@]}" \
     > "$TMPDIR/profile-$row.log" 2>&1 || rc=$?
   grep -A3 "^$row on" "$TMPDIR/profile-$row.log" >&2
 done

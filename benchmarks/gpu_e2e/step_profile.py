@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from mtpconv.commands.evaluate import parse_engine_args
-from mtpconv.evaluation.rows import BUILTIN_PROMPTS, Row
+from mtpconv.evaluation.rows import BUILTIN_PROMPTS, Row, RowJob
 from mtpconv.evaluation.runner import row_environment
+from mtpconv.evaluation.worker import device_name, engine_arguments, model_runner
 
 RANGES = ("target", "draft", "head", "sample")
 _PREFIX = "mtpconv-step: "
@@ -164,14 +165,14 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     row = Row(args.row)
-    engine: dict[str, Any] = dict(model=args.model, seed=0)
-    if row.speculative:
-        engine["speculative_config"] = {"method": "mtp", "num_speculative_tokens": args.k}
-    engine.update(parse_engine_args(args.engine_arg))
-    llm = LLM(**engine)
+    prompt = BUILTIN_PROMPTS[0]
+    job = RowJob(
+        row, args.model, [{"prompt": prompt}], [1], args.tokens, args.k, parse_engine_args(args.engine_arg)
+    )
+    # the eval row's engine, less its statistics logging (the profiled step does without it)
+    llm = LLM(**{**engine_arguments(job), "disable_log_stats": True})
     wrapped = llm.collective_rpc(install_ranges)[0]
     greedy = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
-    prompt = BUILTIN_PROMPTS[0]
     llm.generate([prompt], greedy, use_tqdm=False)  # warm-up: compiled, captured, cached
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with torch.profiler.profile(activities=activities) as prof:
@@ -188,8 +189,8 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         "row": row.value,
         "model": args.model,
         "vllm_version": vllm.__version__,
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "model_runner": "v2" if getattr(llm.llm_engine.vllm_config, "use_v2_model_runner", False) else "v1",
+        "device": device_name(),
+        "model_runner": model_runner(llm),
         "num_speculative_tokens": args.k if row.speculative else 0,
         "ranges": wrapped,
         "tokens": tokens,

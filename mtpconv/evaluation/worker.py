@@ -59,10 +59,26 @@ def _decode_seconds(outputs: list[Any]) -> float | None:
     return max(lasts) - min(firsts)
 
 
-def _device() -> str:
+def device_name() -> str:
+    """The GPU the row runs on, or ``cpu``."""
     import torch
 
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def engine_arguments(job: RowJob) -> dict[str, Any]:
+    """vLLM ``LLM`` keyword arguments of ``job``'s row: its model, MTP with ``k`` drafts where
+    the row speculates, the user's engine arguments."""
+    args: dict[str, Any] = dict(model=job.model, seed=job.seed, disable_log_stats=False)
+    if job.row.speculative:
+        args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": job.num_speculative_tokens}
+    args.update(job.engine_args)
+    return args
+
+
+def model_runner(llm: Any) -> str:
+    """``v1`` or ``v2``: the model runner vLLM chose."""
+    return "v2" if getattr(llm.llm_engine.vllm_config, "use_v2_model_runner", False) else "v1"
 
 
 def run_job(job: RowJob) -> dict[str, Any]:
@@ -72,12 +88,8 @@ def run_job(job: RowJob) -> dict[str, Any]:
     from mtpconv.draft_vocab.generate import engine_prompts
     from mtpconv.evaluation.probe import describe_drafter
 
-    args: dict[str, Any] = dict(model=job.model, seed=job.seed, disable_log_stats=False)
-    if job.row.speculative:
-        args["speculative_config"] = {"method": "mtp", "num_speculative_tokens": job.num_speculative_tokens}
-    args.update(job.engine_args)
     started = time.perf_counter()
-    llm = LLM(**args)
+    llm = LLM(**engine_arguments(job))
     load_seconds = time.perf_counter() - started
     prompts = engine_prompts(llm, _prompts(job))
     greedy = SamplingParams(temperature=0.0, max_tokens=job.max_tokens, ignore_eos=True)
@@ -121,8 +133,8 @@ def run_job(job: RowJob) -> dict[str, Any]:
         "row": job.row.value,
         "model": job.model,
         "vllm_version": vllm.__version__,
-        "device": _device(),
-        "model_runner": "v2" if getattr(config, "use_v2_model_runner", False) else "v1",
+        "device": device_name(),
+        "model_runner": model_runner(llm),
         "enforce_eager": bool(config.model_config.enforce_eager),
         "load_seconds": load_seconds,
         "batches": batches,
