@@ -16,11 +16,11 @@ from mtpconv.families import vllm_drafter_key
 from mtpconv.vllm_plugin.drafter import MtpconvDrafterMixin, logger
 from mtpconv.vllm_plugin.settings import DrafterSettings
 
-# Measured, not yet explained (README, "GPU end to end"): said once per process on a GPU.
+# Measured, not yet explained (README, "GPU end to end"): said for each drafter built on CUDA.
 GPU_WARNING = (
-    "mtpconv: on an H100 under vLLM 0.26's Model Runner V2 the FP8 MiMo drafter accepted 1-43%% "
+    "mtpconv: on an H100 under vLLM 0.26's Model Runner V2 the FP8 MiMo drafter accepted 1-43% "
     "of drafts the BF16 drafter accepted all of (output unchanged, decoding slower): an open "
-    "defect. Measure this variant with `mtpconv eval` before serving it on %s."
+    "defect. Measure this variant with `mtpconv eval` before serving it on a GPU."
 )
 
 
@@ -35,9 +35,8 @@ class MtpconvMiMoMTP(MtpconvDrafterMixin, MiMoMTP):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        device = str(vllm_config.device_config.device_type)
-        if self.mtpconv is not None and device == "cuda":
-            logger.warning(GPU_WARNING, device)
+        if self.mtpconv is not None and str(vllm_config.device_config.device_type) == "cuda":
+            logger.warning("%s", GPU_WARNING)
 
     @classmethod
     def vllm_module_names(cls, settings: DrafterSettings, vllm_config: VllmConfig) -> dict[str, str] | None:
