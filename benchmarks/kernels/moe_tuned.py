@@ -33,9 +33,7 @@ def one_token_fp8(configs: dict[int, Config]) -> Iterator[None]:
         _ONE_TOKEN_FP8.update(before)
 
 
-def default_config(
-    tokens: int, n: int, k: int, fp8: bool, act: bool = False, fp8_x: bool = False
-) -> Config:
+def default_config(tokens: int, n: int, k: int, fp8: bool, act: bool = False, fp8_x: bool = False) -> Config:
     """Best measured ``(BLOCK_N, BLOCK_K, warps, stages, mode)`` on the H200 for experts
     ``[E, n, k]`` (the measured rule depends on ``k``, the precision and what the kernel does
     to its input: SiLU * up with ``act``, nothing with FP8 activations, ``fp8_x``).
