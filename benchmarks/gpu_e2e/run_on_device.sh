@@ -11,6 +11,8 @@
 # (the report) and $OUT/<stage>-<runner>-logs.tgz (each row's log and result). The checkpoints stay
 # in /tmp/e2e for the next stage on a warm machine. Ends before the device's 600 s call limit
 # (DEADLINE= seconds, default 570): a row still running then is stopped and its log kept.
+# ENGINE_ARGS="k=v k=v" adds engine arguments to every row (for example enforce_eager=true);
+# TAG= names the run in its output files (<stage>-<runner>-<tag>...), so one call can hold several.
 set -uo pipefail
 STAGE=${1:?stage: mimo or next}
 RUNNER=${2:-default}
@@ -35,6 +37,8 @@ case $STAGE in
   *) echo "stage: mimo or next" >&2; exit 2 ;;
 esac
 ENGINE+=(--engine-arg max_model_len=4096)
+for arg in ${ENGINE_ARGS:-}; do ENGINE+=(--engine-arg "$arg"); done
+NAME=$STAGE-$RUNNER${TAG:+-$TAG}
 SRC=/tmp/e2e/$SHAPE-L$LAYERS
 VAR=$SRC-mtpfp8
 MTPCONV=(python3 -m mtpconv)
@@ -45,19 +49,19 @@ if [ ${#HEAD[@]} -gt 0 ] && [ ! -f "/tmp/e2e/$SHAPE.ids.pt" ]; then
 fi
 [ -f "$VAR/mtpconv.json" ] || "${MTPCONV[@]}" quantize-mtp "$SRC" "$VAR" --device cuda "${HEAD[@]}" || exit 1
 echo "checkpoints ready in $((SECONDS - t0)) s; $(du -sh "$SRC" | cut -f1) source" >&2
-export TMPDIR=/tmp/e2e/rows-$STAGE-$RUNNER
+export TMPDIR=/tmp/e2e/rows-$NAME
 rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
 rc=0
 [ "${ROWS:-}" = none ] || timeout $((END - SECONDS)) "${MTPCONV[@]}" eval "$SRC" "$VAR" -k 3 --batch 1,8 --max-tokens 128 \
   ${ROWS:+--rows "$ROWS"} "${ENGINE[@]}" --json --no-save \
-  > "$OUT/$STAGE-$RUNNER.json" || rc=$?
+  > "$OUT/$NAME.json" || rc=$?
 for row in ${PROFILE:+${PROFILE//,/ }}; do
   case $row in variant-*) MODEL=$VAR ;; *) MODEL=$SRC ;; esac
   timeout $((END - SECONDS)) python3 -m benchmarks.gpu_e2e.step_profile "$MODEL" --row "$row" -k 3 \
-    --out "$OUT/$STAGE-$RUNNER-profile-$row.json" "${ENGINE[@]}" \
+    --out "$OUT/$NAME-profile-$row.json" "${ENGINE[@]}" \
     > "$TMPDIR/profile-$row.log" 2>&1 || rc=$?
   grep -A3 "^$row on" "$TMPDIR/profile-$row.log" >&2
 done
-tar czf "$OUT/$STAGE-$RUNNER-logs.tgz" -C "$TMPDIR" . 2>/dev/null
-echo "stage $STAGE ($RUNNER) ended with $rc after $SECONDS s" >&2
+tar czf "$OUT/$NAME-logs.tgz" -C "$TMPDIR" . 2>/dev/null
+echo "stage $NAME ended with $rc after $SECONDS s" >&2
 exit $rc
