@@ -119,6 +119,16 @@ def _gptq_logical(shapes: Shapes, bits: int) -> tuple[int, ...]:
     return (out, rows * 32 // bits) if cols == out else (out, rows)
 
 
+def _fp4_bits(_: Shapes) -> int:
+    """NVFP4 and MXFP4 values are 4 bits wide, whatever the headers say."""
+    return 4
+
+
+def _bytes_of(leaf: str) -> Callable[[Shapes, int], tuple[int, ...]]:
+    """The logical shape of ``leaf``'s values packed in bytes (``uint8``) along its last dimension."""
+    return lambda sh, b: _packed_last(sh, b, leaf, 8)
+
+
 _U8 = frozenset({U8})
 _E4M3 = frozenset({F8_E4M3})
 _I32 = frozenset({I32})
@@ -131,8 +141,8 @@ STORAGES: tuple[Storage, ...] = (
         _U8,
         {"weight_scale": _E4M3},
         ("weight_scale", "weight_global_scale", "input_global_scale"),
-        lambda _: 4,
-        lambda sh, b: _packed_last(sh, b, "weight_packed", 8),
+        _fp4_bits,
+        _bytes_of("weight_packed"),
         StorageFormat.NVFP4,
         readable=True,
     ),
@@ -143,8 +153,8 @@ STORAGES: tuple[Storage, ...] = (
         _U8,
         {"weight_scale": _E4M3},
         ("weight_scale", "weight_scale_2", "input_scale"),
-        lambda _: 4,
-        lambda sh, b: _packed_last(sh, b, "weight", 8),
+        _fp4_bits,
+        _bytes_of("weight"),
         StorageFormat.NVFP4,
         readable=True,
     ),
@@ -155,8 +165,8 @@ STORAGES: tuple[Storage, ...] = (
         _U8,
         {"weight_scale": _U8},
         ("weight_scale", "input_global_scale"),
-        lambda _: 4,
-        lambda sh, b: _packed_last(sh, b, "weight_packed", 8),
+        _fp4_bits,
+        _bytes_of("weight_packed"),
         StorageFormat.MXFP4,
         readable=False,
     ),
@@ -167,8 +177,8 @@ STORAGES: tuple[Storage, ...] = (
         _U8,
         {"weight_scale": _U8},
         ("weight_scale", "input_scale"),
-        lambda _: 4,
-        lambda sh, b: _packed_last(sh, b, "weight", 8),
+        _fp4_bits,
+        _bytes_of("weight"),
         StorageFormat.MXFP4,
         readable=False,
     ),
