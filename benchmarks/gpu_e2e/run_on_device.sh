@@ -55,6 +55,7 @@ rc=0
 [ "${ROWS:-}" = none ] || timeout $((END - SECONDS)) "${MTPCONV[@]}" eval "$SRC" "$VAR" -k 3 --batch 1,8 --max-tokens 128 \
   ${ROWS:+--rows "$ROWS"} "${ENGINE[@]}" --json --no-save \
   > "$OUT/$NAME.json" || rc=$?
+[ "${ROWS:-}" = none ] || python3 -m benchmarks.gpu_e2e.summarize "$OUT/$NAME.json" >&2
 for row in ${PROFILE:+${PROFILE//,/ }}; do
   case $row in variant-*) MODEL=$VAR ;; *) MODEL=$SRC ;; esac
   timeout $((END - SECONDS)) python3 -m benchmarks.gpu_e2e.step_profile "$MODEL" --row "$row" -k 3 \
