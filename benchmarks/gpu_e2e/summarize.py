@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 
 
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def lines(path: Path) -> list[str]:
     """``file row runner batch accepted/drafted tok/s identical`` for each row and batch of a report."""
     try:
@@ -22,8 +26,8 @@ def lines(path: Path) -> list[str]:
         for b in row.get("batches", []):
             out.append(
                 f"{path.name} {row['row']} {row.get('model_runner')} b{b['batch']}: "
-                f"{b['accepted']}/{b['draft_tokens']} accepted, "
-                f"{b['decode_tokens_per_second']:.1f} tok/s, identical {b['identical_to_no_spec']}"
+                f"{b.get('accepted')}/{b.get('draft_tokens')} accepted, "
+                f"{_rate(b.get('decode_tokens_per_second'))} tok/s, identical {b.get('identical_to_no_spec')}"
             )
     return out
 

@@ -8,7 +8,9 @@ from pathlib import Path
 from benchmarks.gpu_e2e.summarize import lines
 
 
-def _batch(batch: int, accepted: int, drafted: int, tps: float, identical: bool | None) -> dict[str, object]:
+def _batch(
+    batch: int, accepted: int, drafted: int, tps: float | None, identical: bool | None
+) -> dict[str, object]:
     return {
         "batch": batch,
         "accepted": accepted,
@@ -25,7 +27,11 @@ def test_one_line_per_row_and_batch_and_errors_named(tmp_path: Path) -> None:
                 "row": "variant-plugin",
                 "error": None,
                 "model_runner": "v2",
-                "batches": [_batch(1, 33, 2949, 119.94, None), _batch(8, 2316, 5340, 1869.5, True)],
+                "batches": [
+                    _batch(1, 33, 2949, 119.94, None),
+                    _batch(8, 2316, 5340, 1869.5, True),
+                    _batch(16, 0, 0, None, None),
+                ],
             },
             {"row": "variant-stock", "error": "no module named fc.weight_scale", "batches": []},
         ]
@@ -35,6 +41,7 @@ def test_one_line_per_row_and_batch_and_errors_named(tmp_path: Path) -> None:
     assert lines(path) == [
         "mimo-v2.json variant-plugin v2 b1: 33/2949 accepted, 119.9 tok/s, identical None",
         "mimo-v2.json variant-plugin v2 b8: 2316/5340 accepted, 1869.5 tok/s, identical True",
+        "mimo-v2.json variant-plugin v2 b16: 0/0 accepted, - tok/s, identical None",
         "mimo-v2.json variant-stock: error no module named fc.weight_scale",
     ]
 
