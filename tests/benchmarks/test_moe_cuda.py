@@ -248,7 +248,7 @@ def test_grouped_moe_fp8_activations_refuse_what_does_not_fit() -> None:
     if not triton_available():
         pytest.skip("needs triton")
     from benchmarks.kernels import moe as triton_moe
-    from benchmarks.kernels.producers import quant_per_token
+    from benchmarks.kernels.producers import quant_act, quant_per_token
 
     q = quantize_fp8(torch.randn(4, 64, 128) * 0.05)
     w, sc = q.weight.to(DEV), q.scale.to(DEV)
@@ -264,7 +264,7 @@ def test_grouped_moe_fp8_activations_refuse_what_does_not_fit() -> None:
             xq, w, sc, ids, x_per_pair=False, x_scale=xs, config=(64, 128, 4, 3, triton_moe.DOT_FP8)
         )
     with pytest.raises(ValueError, match="even width"):
-        quant_per_token(torch.randn(2, 127, device=DEV).to(torch.bfloat16), act=True)
+        quant_act(torch.randn(2, 127, device=DEV).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize(("rows", "k"), [(1, 10240), (4, 17408), (16, 17408), (3, 8193), (64, 34816)])
