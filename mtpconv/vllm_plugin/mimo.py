@@ -16,11 +16,13 @@ from mtpconv.families import vllm_drafter_key
 from mtpconv.vllm_plugin.drafter import MtpconvDrafterMixin, logger
 from mtpconv.vllm_plugin.settings import DrafterSettings
 
-# Measured, not yet explained (README, "GPU end to end"): said for each drafter built on CUDA.
+# Measured on the H100 (README, "GPU end to end"): said for each drafter built on CUDA until the
+# full-depth rows are measured again.
 GPU_WARNING = (
-    "mtpconv: on an H100 under vLLM 0.26's Model Runner V2 the FP8 MiMo drafter accepted 1-43% "
-    "of drafts the BF16 drafter accepted all of (output unchanged, decoding slower): an open "
-    "defect. Measure this variant with `mtpconv eval` before serving it on a GPU."
+    "mtpconv: on an H100 under vLLM 0.26's Model Runner V2 an earlier mtpconv's FP8 MiMo drafter "
+    "accepted 1-43% of drafts the BF16 drafter accepted all of (36 target layers; output "
+    "unchanged, decoding slower). This version accepted every draft at 4 target layers; 36 were "
+    "not measured again. Measure this variant with `mtpconv eval` before serving it on a GPU."
 )
 
 
