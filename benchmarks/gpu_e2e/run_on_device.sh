@@ -2,13 +2,13 @@
 # One GPU end-to-end stage on the device machine, from the project root, after setup_on_device.sh:
 #   benchmarks/gpu_e2e/run_on_device.sh mimo|next [default|v1|v2]
 # Builds the real-shape planted checkpoint (planted_real.py; LAYERS= overrides the depth: mimo 36,
-# next 8), converts it with the real CLI on the GPU (next: with a 32k FP8 draft head from
+# next 8), converts it with the real CLI on the GPU (with a 32k FP8 draft head from
 # examples/corpus.jsonl), then runs `mtpconv eval` (k = 3, batch 1 and 8, 128 tokens, vLLM's
 # defaults: torch.compile and CUDA graphs) on the runner asked for (default: vLLM's choice;
 # v1 / v2 set VLLM_USE_V2_MODEL_RUNNER). ROWS= limits the rows (ROWS=none: no eval). PROFILE=row,row
 # then splits a batch-1 step of each row named (step_profile.py: target, drafter, head, idle) into
-# $OUT/<stage>-<runner>-profile-<row>.json. Writes $OUT/<stage>-<runner>.json
-# (the report) and $OUT/<stage>-<runner>-logs.tgz (each row's log and result). The checkpoints stay
+# $OUT/<name>-profile-<row>.json. Writes $OUT/<name>.json (the report; <name> is
+# <stage>-<runner>, then -<tag> where TAG= is set) and $OUT/<name>-logs.tgz (each row's log and result). The checkpoints stay
 # in /tmp/e2e for the next stage on a warm machine. Ends before the device's 600 s call limit
 # (DEADLINE= seconds, default 570): a row still running then is stopped and its log kept.
 # ENGINE_ARGS="k=v k=v" adds engine arguments to every row (for example enforce_eager=true);
@@ -30,12 +30,15 @@ case $RUNNER in
   *) echo "runner: default, v1 or v2" >&2; exit 2 ;;
 esac
 case $STAGE in
-  mimo) SHAPE=mimo-7b; LAYERS=${LAYERS:-36}; HEAD=(); ENGINE=(--engine-arg trust_remote_code=true) ;;
-  next) SHAPE=qwen3-next-80b; LAYERS=${LAYERS:-8}; HEAD=(--draft-vocab /tmp/e2e/$SHAPE.ids.pt)
+  mimo) SHAPE=mimo-7b; LAYERS=${LAYERS:-36}; ENGINE=(--engine-arg trust_remote_code=true) ;;
+  next) SHAPE=qwen3-next-80b; LAYERS=${LAYERS:-8}
         # GDN prefill: FlashInfer's is JIT-built and the bundle carries no FlashInfer; Triton/FLA.
         ENGINE=(--engine-arg gdn_prefill_backend=triton) ;;
   *) echo "stage: mimo or next" >&2; exit 2 ;;
 esac
+# Both variants get the 32k FP8 draft head (the plugin row); stock vLLM never loads it, so the
+# stock row serves the same variant with the full head.
+HEAD=(--draft-vocab "/tmp/e2e/$SHAPE.ids.pt")
 ENGINE+=(--engine-arg max_model_len=4096)
 for arg in ${ENGINE_ARGS:-}; do ENGINE+=(--engine-arg "$arg"); done
 NAME=$STAGE-$RUNNER${TAG:+-$TAG}
@@ -44,7 +47,7 @@ VAR=$SRC-mtpfp8
 MTPCONV=(python3 -m mtpconv)
 t0=$SECONDS
 [ -f "$SRC/config.json" ] || python3 -m benchmarks.gpu_e2e.planted_real "$SRC" --shape "$SHAPE" --layers "$LAYERS" || exit 1
-if [ ${#HEAD[@]} -gt 0 ] && [ ! -f "/tmp/e2e/$SHAPE.ids.pt" ]; then
+if [ ! -f "/tmp/e2e/$SHAPE.ids.pt" ]; then
   "${MTPCONV[@]}" -q build-draft-vocab "$SRC" --corpus examples/corpus.jsonl --size 32768 -o "/tmp/e2e/$SHAPE.ids.pt" || exit 1
 fi
 [ -f "$VAR/mtpconv.json" ] || "${MTPCONV[@]}" quantize-mtp "$SRC" "$VAR" --device cuda "${HEAD[@]}" || exit 1

