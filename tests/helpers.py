@@ -1,4 +1,4 @@
-"""Small test utilities: hashing trees, reading tensors back."""
+"""Small test utilities: hashing trees, reading tensors back, comparing kernel outputs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 from collections.abc import Collection
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 
 
@@ -88,3 +89,8 @@ def populate_hub_cache(repo_id: str, src: Path, files: Collection[str] | None = 
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(os.path.relpath(blob, link.parent))
     return snapshot
+
+
+def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Relative L2 error of ``got`` against ``want``, computed in float64."""
+    return float((got.double() - want.double()).norm() / want.double().norm())

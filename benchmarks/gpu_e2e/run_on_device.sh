@@ -8,8 +8,8 @@
 # v1 / v2 set VLLM_USE_V2_MODEL_RUNNER). ROWS= limits the rows (ROWS=none: no eval). PROFILE=row,row
 # then splits a batch-1 step of each row named (step_profile.py: target, drafter, head, idle) into
 # $OUT/<name>-profile-<row>.json. Writes $OUT/<name>.json (the report; <name> is
-# <stage>-<runner>, then -<tag> where TAG= is set) and $OUT/<name>-logs.tgz (each row's log and result). The checkpoints stay
-# in /tmp/e2e for the next stage on a warm machine. Ends before the device's 600 s call limit
+# <stage>-<runner>, then -<tag> where TAG= is set) and $OUT/<name>-logs.tgz (each row's log and
+# result). The checkpoints stay in /tmp/e2e for the next stage on a warm machine. Ends before the device's 600 s call limit
 # (DEADLINE= seconds, default 570): a row still running then is stopped and its log kept.
 # ENGINE_ARGS="k=v k=v" adds engine arguments to every row (for example enforce_eager=true);
 # TAG= names the run in its output files (<stage>-<runner>-<tag>...), so one call can hold several.

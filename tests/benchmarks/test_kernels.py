@@ -16,10 +16,7 @@ import torch
 from benchmarks.kernels.prepared import Prepared, prepared_linear, takes_prepared
 from mtpconv.formats.fp8 import quantize_fp8
 from mtpconv.kernels import reference
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
+from tests.helpers import rel_error
 
 
 def test_fp8_rows_prepared_by_their_producer_on_cpu() -> None:
@@ -38,7 +35,7 @@ def test_fp8_rows_prepared_by_their_producer_on_cpu() -> None:
         ref = deq @ (w.weight.double() * scale.double().reshape(-1, 1)).t()
         ref = ref if b is None else ref + b.double()
         assert y.shape == (2, 3, 40) and y.dtype == torch.bfloat16
-        assert _rel(y, ref) < 1e-2
+        assert rel_error(y, ref) < 1e-2
     with pytest.raises(TypeError, match="float8_e4m3fn rows"):
         prepared_linear(x, w.weight, w.scale, None, x_scale=s, out_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="out_dtype"):
@@ -65,7 +62,7 @@ def test_fp8_rows_with_one_scale_for_the_tensor_on_cpu() -> None:
     w = quantize_fp8(torch.randn(24, 64, generator=g))
     y = prepared_linear(q, w.weight, w.scale, None, x_scale=s, out_dtype=torch.float16)
     ref = (q.double() * s.double()) @ (w.weight.double() * w.scale.double()).t()
-    assert y.dtype == torch.float16 and _rel(y, ref) < 1e-2
+    assert y.dtype == torch.float16 and rel_error(y, ref) < 1e-2
 
 
 def test_grouped_moe_one_token_rule() -> None:
@@ -210,7 +207,7 @@ def test_prepared_rows_on_cuda_match_the_reference(layout: str) -> None:
     xq, xs = quant_per_token(x)
     y = prepared_linear(xq, w, s, None, x_scale=xs, out_dtype=torch.bfloat16)
     assert torch.equal(y, triton_skinny.skinny_linear(xq, w, s, x_scale=xs, out_dtype=torch.bfloat16))
-    assert _rel(y, reference.dequant_linear(xq.float() * xs, w, s)) < 1e-2
+    assert rel_error(y, reference.dequant_linear(xq.float() * xs, w, s)) < 1e-2
     tq, ts = reference.quant_per_tensor(x)
     ref_t = reference.dequant_linear(tq.float() * ts, w, s)
-    assert _rel(prepared_linear(tq, w, s, None, x_scale=ts, out_dtype=torch.bfloat16), ref_t) < 1e-2
+    assert rel_error(prepared_linear(tq, w, s, None, x_scale=ts, out_dtype=torch.bfloat16), ref_t) < 1e-2

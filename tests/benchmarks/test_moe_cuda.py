@@ -10,16 +10,13 @@ import torch
 
 from mtpconv.formats.fp8 import Fp8Tensor, quantize_fp8
 from mtpconv.kernels import triton_available
+from tests.helpers import rel_error
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 DEV = torch.device("cuda")
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 @pytest.mark.parametrize("tokens", [1, 4, 16, 64, 65])
@@ -44,24 +41,24 @@ def test_grouped_moe_matches_reference(tokens: int, fp8: bool) -> None:
     tol = 6e-2 if fp8 and 1 < tokens <= triton_moe.GROUPED_MAX_TOKENS else 1e-2
     out = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False)
     ref = torch.einsum("pk,pnk->pn", x.double()[torch.arange(tokens * top, device=DEV) // top], deq[flat])
-    assert _rel(out, ref) < tol
+    assert rel_error(out, ref) < tol
     if fp8 and tokens <= triton_moe.GROUPED_MAX_TOKENS:
         weight_only = triton_moe.moe_grouped(
             x, w, sc, ids, x_per_pair=False, config=(64, 128, 4, 3, triton_moe.DOT)
         )
-        assert _rel(weight_only, ref) < 1e-2
+        assert rel_error(weight_only, ref) < 1e-2
     xp = torch.randn(tokens * top, 2 * k, generator=g).to(torch.bfloat16).to(DEV)
     rw = torch.rand(tokens, top, generator=g).to(torch.bfloat16).to(DEV)
     out = triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, route_w=rw)
     act = (torch.nn.functional.silu(xp[:, :k].float()) * xp[:, k:].float()).to(torch.bfloat16).double()
     ref = torch.einsum("pk,pnk->pn", act, deq[flat]) * rw.reshape(-1, 1).double()
-    assert _rel(out, ref) < tol
+    assert rel_error(out, ref) < tol
     # glu: the experts as [gate; up], SiLU(gate) * up out of the epilogue (the fallback past
     # GROUPED_MAX_TOKENS applies it after wo_moe)
     y = torch.einsum("pk,pnk->pn", x.double()[torch.arange(tokens * top, device=DEV) // top], deq[flat])
     ref = torch.nn.functional.silu(y[:, : n // 2]) * y[:, n // 2 :]
     out = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, glu=True)
-    assert out.shape == (tokens * top, n // 2) and _rel(out, ref) < tol
+    assert out.shape == (tokens * top, n // 2) and rel_error(out, ref) < tol
 
 
 @pytest.mark.parametrize("fp8", [True, False])
@@ -115,7 +112,7 @@ def test_grouped_moe_one_token_fma_modes_match_reference(fp8: bool, k: int) -> N
 
         outs = run()
         for out, want in zip(outs, (ref, ref_act, ref_glu), strict=True):
-            assert _rel(out, want) < 1e-2, cfg
+            assert rel_error(out, want) < 1e-2, cfg
         for out, checked in zip(outs, run(checks=True), strict=True):
             assert torch.equal(out, checked), cfg
     # routed_experts at one token: the gate/up projection writes SiLU * up (glu, the default)
@@ -126,7 +123,7 @@ def test_grouped_moe_one_token_fma_modes_match_reference(fp8: bool, k: int) -> N
     act1 = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, glu=True)
     assert torch.equal(got, triton_moe.moe_grouped(act1, *down, ids, x_per_pair=True, route_w=rw))
     before = triton_moe.routed_experts(x, (w, sc), down, ids, rw, glu=False)
-    assert _rel(got, before.double()) < 1e-2
+    assert rel_error(got, before.double()) < 1e-2
     with pytest.raises(ValueError, match="glu"):
         triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, glu=True)
 
@@ -162,13 +159,13 @@ def test_grouped_moe_fp8_mma_matches_reference(tokens: int) -> None:
     x = torch.randn(tokens, k, generator=g).to(torch.bfloat16).to(DEV)
     out = triton_moe.moe_grouped(x, w, sc, ids, x_per_pair=False, config=mode)
     ref = torch.einsum("pk,pnk->pn", x.double()[torch.arange(tokens * top, device=DEV) // top], deq[flat])
-    assert _rel(out, ref) < 6e-2
+    assert rel_error(out, ref) < 6e-2
     xp = torch.randn(tokens * top, 2 * k, generator=g).to(torch.bfloat16).to(DEV)
     rw = torch.rand(tokens, top, generator=g).to(torch.bfloat16).to(DEV)
     out = triton_moe.moe_grouped(xp, w, sc, ids, x_per_pair=True, act=True, route_w=rw, config=mode)
     act = (torch.nn.functional.silu(xp[:, :k].float()) * xp[:, k:].float()).to(torch.bfloat16).double()
     ref = torch.einsum("pk,pnk->pn", act, deq[flat]) * rw.reshape(-1, 1).double()
-    assert _rel(out, ref) < 6e-2
+    assert rel_error(out, ref) < 6e-2
     with pytest.raises(ValueError, match="FP8 experts"):
         triton_moe.moe_grouped(x, deq.to(torch.bfloat16), None, ids, x_per_pair=False, config=mode)
 
@@ -200,7 +197,7 @@ def test_grouped_moe_fp8_activations_match_reference(tokens: int) -> None:
     rw = torch.rand(tokens, top, generator=g).to(torch.bfloat16).to(DEV)
     act = (torch.nn.functional.silu(xp[:, :k].float()) * xp[:, k:].float()).to(torch.bfloat16)
     aq, as_ = quant_act(xp)
-    assert _rel(aq.double() * as_.double(), act.double()) < 6e-2
+    assert rel_error(aq.double() * as_.double(), act.double()) < 6e-2
     ref_act = torch.einsum("pk,pnk->pn", act.double(), deq[flat]) * rw.reshape(-1, 1).double()
     tiles = [(64, 64, 4, 3), (256, 128, 8, 4), (64, 256, 4, 5)]  # the last: K >= 4096's default
     for cfg in [None] + [(*t, triton_moe.DOT) for t in tiles]:
@@ -209,7 +206,7 @@ def test_grouped_moe_fp8_activations_match_reference(tokens: int) -> None:
         per_pair = (out.double() - ref).norm(dim=1) / ref.norm(dim=1)
         assert float(per_pair.max()) < 6e-2, cfg  # every row, whatever its magnitude
         out = triton_moe.moe_grouped(aq, w, sc, ids, x_per_pair=True, route_w=rw, x_scale=as_, config=cfg)
-        assert _rel(out, ref_act) < 6e-2, cfg
+        assert rel_error(out, ref_act) < 6e-2, cfg
     # routed_experts on a gate_up / down pair: the two quantizations and launches above
     gu = quantize_fp8(torch.randn(e, 2 * 96, k, generator=g) * 0.05)
     dn = quantize_fp8(torch.randn(e, k, 96, generator=g) * 0.05)
@@ -233,13 +230,13 @@ def test_grouped_moe_fp8_activations_match_reference(tokens: int) -> None:
     a_ref = (torch.nn.functional.silu(y_ref[:, :96]) * y_ref[:, 96:]).to(torch.bfloat16).double()
     chain_ref = torch.einsum("pk,pnk->pn", a_ref, dn_deq[flat]) * rw.reshape(-1, 1).double()
     fused = triton_moe.routed_experts(x, (gu_w, gu_s), (dn_w, dn_s), ids, rw, split=False)
-    errors = (_rel(got, chain_ref), _rel(fused, chain_ref))
+    errors = (rel_error(got, chain_ref), rel_error(fused, chain_ref))
     assert max(errors) < 8e-2, errors
     # BF16 experts: SiLU * up by a launch of its own, then the MMA; weight-only numerics
     gu_b, dn_b = gu_w.to(torch.bfloat16), dn_w.to(torch.bfloat16)
     got = triton_moe.routed_experts(x, (gu_b, None), (dn_b, None), ids, rw)
     fused = triton_moe.routed_experts(x, (gu_b, None), (dn_b, None), ids, rw, split=False)
-    assert _rel(got, fused) < 1e-2
+    assert rel_error(got, fused) < 1e-2
     with pytest.raises(ValueError, match="differ"):
         triton_moe.routed_experts(x, (gu_w, gu_s), (dn_b, None), ids, rw)
 

@@ -35,12 +35,9 @@ from mtpconv.kernels.linear import (
     kernel_named,
     usable,
 )
+from tests.helpers import rel_error
 
 CPU = torch.device("cpu")
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def _case(m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -56,7 +53,7 @@ def test_dequant_linear_matches_float64_reference() -> None:
     y = reference.dequant_linear(x, w, s, bias)
     ref = x.double() @ (w.double() * s.double()).t() + bias.double()
     assert y.dtype == torch.bfloat16
-    assert _rel(y, ref) < 1e-2
+    assert rel_error(y, ref) < 1e-2
 
 
 def test_per_row_scale_equals_per_tensor_when_uniform() -> None:
@@ -200,7 +197,7 @@ def test_block_scale_reference_and_validation() -> None:
     blocks = torch.rand(2, 3, generator=g) + 0.5
     full = blocks.double()[torch.arange(n) // 128][:, torch.arange(k) // 128]
     ref = x.double() @ (w.double() * full).t()
-    assert _rel(fp8_linear(x, w, blocks), ref) < 1e-2
+    assert rel_error(fp8_linear(x, w, blocks), ref) < 1e-2
     assert reference.is_block_scale(blocks, n, k) and not reference.is_block_scale(torch.ones(n, 1), n, k)
     with pytest.raises(ValueError, match="128x128"):
         fp8_linear(x, w, torch.ones(3, 3))
@@ -235,9 +232,9 @@ def test_reference_activation_quantizers_round_trip() -> None:
     q, s = reference.quant_per_token(x)
     assert q.dtype == torch.float8_e4m3fn and s.shape == (4, 1)
     assert float(q.float().abs().max()) == 448.0
-    assert _rel(q.float() * s, x.float()) < 0.05
+    assert rel_error(q.float() * s, x.float()) < 0.05
     qt, st = reference.quant_per_tensor(x)
-    assert st.dim() == 0 and _rel(qt.float() * st, x.float()) < 0.05
+    assert st.dim() == 0 and rel_error(qt.float() * st, x.float()) < 0.05
 
 
 def test_kernel_package_imports_without_triton_or_vllm() -> None:

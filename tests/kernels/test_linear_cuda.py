@@ -21,16 +21,13 @@ from mtpconv.kernels.linear import (
     choose_kernel,
     usable,
 )
+from tests.helpers import rel_error
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 DEV = torch.device("cuda")
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -124,9 +121,9 @@ def test_every_path_matches_reference(m: int, n: int, k: int, layout: str) -> No
         # activation rounding (about 2**-4 relative per element).
         # (wo_skinny at 2+ tokens rounds activations to FP8 per 128-wide K tile)
         weight_only = kernel in (WoTriton, Dequant) or (kernel is WoSkinny and m == 1)
-        assert _rel(y, ref) < (1e-2 if weight_only else 6e-2), (kernel.name, _rel(y, ref))
+        assert rel_error(y, ref) < (1e-2 if weight_only else 6e-2), (kernel.name, rel_error(y, ref))
     # the selected path: weight-only at one token, W8A8 numerics above
-    assert _rel(fp8_linear(x, w, s, b), ref) < (1e-2 if m == 1 else 6e-2)
+    assert rel_error(fp8_linear(x, w, s, b), ref) < (1e-2 if m == 1 else 6e-2)
 
 
 SKINNY = [(1, 5120, 6144), (1, 333, 1000), (2, 384, 2048), (16, 130, 5120), (17, 256, 512), (3, 4096, 200)]
@@ -169,7 +166,7 @@ def test_skinny_split_k_matches_dequantized_reference(m: int, n: int, k: int, la
             y = ts.skinny_linear(x, w, s, b, config=cfg)
             # mma=2 rounds the activations to FP8 (one scale per token and K tile): W8A8 error;
             # the narrow GEMV is weight-only at 1-4 tokens
-            assert _rel(y, ref) < (6e-2 if mma == 2 else 1e-2), (cfg, _rel(y, ref))
+            assert rel_error(y, ref) < (6e-2 if mma == 2 else 1e-2), (cfg, rel_error(y, ref))
             err = 1e-1 if mma == 2 else 1e-2
             assert float((y.double() - ref).abs().max()) <= err * float(ref.abs().max()), cfg
             # deterministic, and the split counters reset themselves between launches
@@ -191,7 +188,7 @@ def test_skinny_fixed_k_pieces_match_the_reference(m: int, n: int, k: int) -> No
         cfg = base._replace(split=split)
         y = ts.skinny_linear(x, w, s, b, config=cfg)
         tol = 6e-2 if cfg.dot and cfg.mma == 2 else 1e-2
-        assert _rel(y, ref) < tol, (cfg, _rel(y, ref))
+        assert rel_error(y, ref) < tol, (cfg, rel_error(y, ref))
         assert torch.equal(y, ts.skinny_linear(x, w, s, b, config=cfg)), cfg
 
 
@@ -219,7 +216,7 @@ def test_skinny_prepared_fp8_activations_match_reference(m: int, n: int, k: int,
             c = cfg._replace(tma=tma) if cfg is not None else None
             y = ts.skinny_linear(xq, w, s, b, config=c, x_scale=xs, out_dtype=torch.bfloat16)
             assert y.dtype == torch.bfloat16 and y.shape == (m, n)
-            assert _rel(y, ref) < 1e-2, (c, _rel(y, ref))
+            assert rel_error(y, ref) < 1e-2, (c, rel_error(y, ref))
             rows = (y.double() - ref).abs().amax(1) / ref.abs().amax(1)
             assert float(rows.max()) <= 1e-2, c
             assert torch.equal(
@@ -269,7 +266,7 @@ def test_skinny_split_k_in_cuda_graph_replays(narrow: bool) -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(a, ts.skinny_linear(x, w, s, config=cfg))
-        assert _rel(c, _ref(x * 2, w, s, None)) < (1e-2 if narrow else 6e-2)
+        assert rel_error(c, _ref(x * 2, w, s, None)) < (1e-2 if narrow else 6e-2)
 
 
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 3072, 5120), (1, 40, 14336), (3, 333, 4104), (4, 2048, 4096)])
@@ -287,7 +284,7 @@ def test_narrow_two_rows_matches_reference(m: int, n: int, k: int, layout: str) 
         for programs in (1, 1 << 20):
             cfg = ts.Config(False, 2, block_k, warps, 3, programs, narrow=True)
             y = ts.skinny_linear(x, w, s, b, config=cfg)
-            assert _rel(y, ref) < 1e-2, (cfg, _rel(y, ref))
+            assert rel_error(y, ref) < 1e-2, (cfg, rel_error(y, ref))
             assert float((y.double() - ref).abs().max()) <= 1e-2 * float(ref.abs().max()), cfg
 
 
@@ -307,7 +304,7 @@ def test_narrow_first_tiles_ahead_of_the_wait_change_nothing(m: int, n: int, k: 
         for programs in (1, 1 << 20):
             cfg = ts.Config(False, block_n, block_k, warps, 3, programs, narrow=True)
             plain = ts.skinny_linear(x, w, s, b, config=cfg)
-            assert _rel(plain, ref) < 1e-2, (cfg, _rel(plain, ref))
+            assert rel_error(plain, ref) < 1e-2, (cfg, rel_error(plain, ref))
             for ahead in (1, 2):
                 y = ts.skinny_linear(x, w, s, b, config=cfg._replace(first_ahead=ahead))
                 assert torch.equal(y, plain), (cfg, ahead)
@@ -348,7 +345,12 @@ def test_one_token_candidates_in_a_replaced_table_match_reference(
         with tuning.replaced(swapped):
             assert ts.default_config(1, n, k, sms) == ts._tabled(entry, sms)
             named = fp8_linear(x, w, s)
-        assert _rel(own, ref) < 1e-2 and _rel(named, ref) < 1e-2, (n, k, _rel(own, ref), _rel(named, ref))
+        assert rel_error(own, ref) < 1e-2 and rel_error(named, ref) < 1e-2, (
+            n,
+            k,
+            rel_error(own, ref),
+            rel_error(named, ref),
+        )
 
 
 def test_narrow_configuration_refuses_more_than_four_tokens() -> None:
@@ -370,7 +372,7 @@ def test_triton_gemv_and_dot_agree_for_few_tokens() -> None:
     x, w, s, _ = _case(4, 4096, 2048, per_row=False, bias=False)
     a = triton_fp8.wo_linear(x, w, s, gemv=True)
     c = triton_fp8.wo_linear(x, w, s, gemv=False)
-    assert _rel(a, c) < 1e-2
+    assert rel_error(a, c) < 1e-2
 
 
 def test_triton_per_token_quant_matches_torch() -> None:
@@ -386,7 +388,7 @@ def test_triton_per_token_quant_matches_torch() -> None:
     # can flip a rounding tie: allow a tiny fraction of one-step differences.
     differ = (q.float() != q_ref.float()).float().mean().item()
     assert differ < 1e-3
-    assert _rel(q.float() * s, x.float()) < 0.05
+    assert rel_error(q.float() * s, x.float()) < 0.05
 
 
 @pytest.mark.parametrize(
@@ -525,7 +527,7 @@ def test_measured_shape_quantizes_per_token_itself_within_w8a8_tolerance() -> No
         q, sa = triton_quant.quant_per_token(x)
         assert torch.equal(got, triton_skinny.skinny_linear(q, w, s, b, x_scale=sa, out_dtype=x.dtype)), m
         ref = reference.dequant_linear(x.double(), w, s.double(), None if b is None else b.double())
-        assert _rel(got, ref) < 6e-2, m
+        assert rel_error(got, ref) < 6e-2, m
 
 
 def test_fp8_linear_is_cuda_graph_capturable() -> None:

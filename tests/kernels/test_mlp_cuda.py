@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from mtpconv.formats.fp8 import quantize_fp8
+from tests.helpers import rel_error
 from tests.kernels.graph_replay import replays_match_eager
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -38,10 +39,6 @@ def _reference(
     return (F.silu(y[:, :i]) * y[:, i:]) @ deq(dn, ds).T
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b).norm() / b.norm())
-
-
 # (H, I): Qwen3.5-397B and Qwen3-Next-80B shared experts; uneven H; I not a power of two
 # and wider than a program's down tile (several down units a program); tiny.
 SHAPES = [(4096, 1024), (2048, 512), (1040, 40), (2048, 600), (1024, 2048), (64, 16)]
@@ -50,7 +47,7 @@ SHAPES = [(4096, 1024), (2048, 512), (1040, 40), (2048, 600), (1024, 2048), (64,
 def _check(y: torch.Tensor, ref: torch.Tensor, what: object) -> None:
     assert y.dtype == torch.bfloat16 and y.shape == ref.shape, what
     # weight-only numerics: float32 sums, one bf16 rounding of the output
-    assert _rel(y, ref) < 1e-2, what
+    assert rel_error(y, ref) < 1e-2, what
     assert float((y.double() - ref).abs().max()) <= 1e-2 * float(ref.abs().max()), what
 
 
@@ -139,7 +136,7 @@ def test_fp8_mlp_takes_one_launch_here_and_three_elsewhere(monkeypatch: pytest.M
     three = fp8_mlp(x, gu, gs, dn, ds)
     # the three launches' down projection at 2-16 rows quantizes its input per token on the
     # shapes of the tuning table's skinny_token shapes (397B's among them): the W8A8 bound of the other tests
-    assert _rel(one, ref) < 1e-2 and _rel(three, ref) < 6e-2
+    assert rel_error(one, ref) < 1e-2 and rel_error(three, ref) < 6e-2
     if hopper:
         from mtpconv.kernels import triton_mlp
 
@@ -148,7 +145,7 @@ def test_fp8_mlp_takes_one_launch_here_and_three_elsewhere(monkeypatch: pytest.M
     # beyond 4 rows, the three launches
     x16 = torch.randn(16, 4096, device="cuda").to(torch.bfloat16)
     # (FP8 activations there, W8A8 error: the bound of the other W8A8 tests)
-    assert _rel(fp8_mlp(x16, gu, gs, dn, ds), _reference(x16, gu, gs, dn, ds)) < 6e-2
+    assert rel_error(fp8_mlp(x16, gu, gs, dn, ds), _reference(x16, gu, gs, dn, ds)) < 6e-2
 
 
 def test_fused_mlp_refuses_what_it_cannot_run() -> None:

@@ -15,6 +15,7 @@ import torch
 
 from mtpconv.formats.fp8 import quantize_fp8
 from mtpconv.kernels import pdl, reference, triton_available
+from tests.helpers import rel_error
 from tests.kernels.graph_replay import replays_match_eager
 
 pytestmark = [
@@ -28,10 +29,6 @@ pytestmark = [
 ]
 DEV = torch.device("cuda")
 MODES = ["early", "late"]
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def _weight(n: int, k: int, layout: str, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +71,7 @@ def test_skinny_with_pdl_is_bit_identical_and_matches_reference(
         assert pdl.setting(DEV) is not pdl.Pdl.OFF
         y = ts.skinny_linear(x, w, s, config=cfg)
         assert torch.equal(y, plain), (mode, cfg)
-        assert _rel(y, ref) < (1e-2 if m == 1 else 6e-2)
+        assert rel_error(y, ref) < (1e-2 if m == 1 else 6e-2)
 
 
 def _chain(x: torch.Tensor, ws: list[tuple[torch.Tensor, torch.Tensor]], moe: tuple) -> list[torch.Tensor]:

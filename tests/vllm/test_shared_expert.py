@@ -24,6 +24,7 @@ from mtpconv.kernels import mlp as kernels_mlp
 from mtpconv.vllm_plugin import kernels, shared_expert
 from mtpconv.vllm_plugin.drafter import MtpconvDrafterMixin
 from mtpconv.vllm_plugin.quant import DrafterQuantConfig
+from tests.helpers import rel_error
 
 PREFIX = "mtp.layers.0.mlp.shared_expert"
 PACKED = {"gate_up_proj": ["gate_proj", "up_proj"]}
@@ -130,10 +131,6 @@ def _build(
 def _switched(module: Any) -> bool:
     bound = module.__dict__.get("forward")
     return bound is not None and bound.__func__ is shared_expert.fp8_mlp_forward
-
-
-def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
 def _dequantized_reference(module: Any, x: torch.Tensor) -> torch.Tensor:
@@ -249,9 +246,9 @@ def test_switched_forward_equals_vllms(per_channel: bool, tokens: int) -> None:
         assert torch.equal(Qwen2MoeMLP.forward(module, x), vllm_out)  # the class is untouched
     assert out.dtype == torch.bfloat16 and out.shape == (tokens, H)
     # Same FP8 linears on both sides; only the SiLU * up step differs (torch's vs vLLM's).
-    assert _rel(out, vllm_out) < 1e-3
+    assert rel_error(out, vllm_out) < 1e-3
     # Two bf16 roundings (the activations, the output) from the float64 reference.
-    assert _rel(out, _dequantized_reference(module, x)) < 2e-2
+    assert rel_error(out, _dequantized_reference(module, x)) < 2e-2
 
 
 @pytest.mark.usefixtures("world", "cuda_kernel")
@@ -270,7 +267,7 @@ def test_switched_forward_applies_the_expert_gate() -> None:
         module.expert_gate = gate
         factor = torch.sigmoid(gate(x)[0])
     assert factor.shape == (3, 1) and bool(((factor > 0.05) & (factor < 0.95)).all())
-    assert _rel(out, vllm_out) < 1e-3
+    assert rel_error(out, vllm_out) < 1e-3
     assert torch.equal(out, factor * plain)
 
 
