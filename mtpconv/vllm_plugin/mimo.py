@@ -13,17 +13,8 @@ from vllm.config import VllmConfig
 from vllm.model_executor.models.mimo_mtp import MiMoMTP
 
 from mtpconv.families import vllm_drafter_key
-from mtpconv.vllm_plugin.drafter import MtpconvDrafterMixin, logger
+from mtpconv.vllm_plugin.drafter import MtpconvDrafterMixin
 from mtpconv.vllm_plugin.settings import DrafterSettings
-
-# Measured on the H100 (README, "GPU end to end"): said for each drafter built on CUDA until the
-# full-depth rows are measured again.
-GPU_WARNING = (
-    "mtpconv: on an H100 under vLLM 0.26's Model Runner V2 an earlier mtpconv's FP8 MiMo drafter "
-    "accepted 1-43% of drafts the BF16 drafter accepted all of (36 target layers; output "
-    "unchanged, decoding slower). This version accepted every draft at 4 target layers; 36 were "
-    "not measured again. Measure this variant with `mtpconv eval` before serving it on a GPU."
-)
 
 
 class MtpconvMiMoMTP(MtpconvDrafterMixin, MiMoMTP):
@@ -34,11 +25,6 @@ class MtpconvMiMoMTP(MtpconvDrafterMixin, MiMoMTP):
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
     }
-
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
-        if self.mtpconv is not None and str(vllm_config.device_config.device_type) == "cuda":
-            logger.warning("%s", GPU_WARNING)
 
     @classmethod
     def vllm_module_names(cls, settings: DrafterSettings, vllm_config: VllmConfig) -> dict[str, str] | None:

@@ -198,29 +198,3 @@ def test_hub_repo_id_resolves_through_the_cache(models: dict[str, Path]) -> None
     populate_hub_cache("acme/tiny-bf16", models["planted_fp8_vocab"], ["config.json", "model.safetensors"])
     assert drafter_settings("acme/tiny-bf16", None, 512) is None
     assert drafter_settings("acme/not-cached", None, 512) is None
-
-
-@pytest.mark.parametrize(
-    ("device", "converted", "warned"), [("cuda", True, True), ("cpu", True, False), ("cuda", False, False)]
-)
-def test_the_mimo_drafter_warns_on_a_gpu(
-    monkeypatch: pytest.MonkeyPatch, device: str, converted: bool, warned: bool
-) -> None:
-    """MiMo's FP8 drafter under-accepted on the GPU before the kept-state fix and is re-measured
-    only at 4 layers (README, "GPU end to end"): a converted variant served on CUDA says so, once
-    per drafter built; elsewhere nothing is said."""
-    from types import SimpleNamespace
-
-    from mtpconv.vllm_plugin import drafter, mimo
-
-    def built(self: torch.nn.Module, *, vllm_config: object, prefix: str = "") -> None:
-        torch.nn.Module.__init__(self)
-        self.mtpconv = object() if converted else None  # type: ignore[assignment]
-
-    said: list[str] = []
-    monkeypatch.setattr(drafter.MtpconvDrafterMixin, "__init__", built)
-    monkeypatch.setattr(mimo.logger, "warning", lambda msg, *args: said.append(msg % args))
-    mimo.MtpconvMiMoMTP(vllm_config=SimpleNamespace(device_config=SimpleNamespace(device_type=device)))
-    assert said == ([mimo.GPU_WARNING] if warned else [])
-    if warned:
-        assert "1-43% of drafts" in said[0] and "4 target layers" in said[0] and "mtpconv eval" in said[0]
