@@ -21,6 +21,7 @@ from mtpconv import __version__
 from mtpconv.checkpoint.safetensors_io import TensorInfo, read_header
 from mtpconv.errors import ManifestError
 from mtpconv.manifest import EVAL_REPORT_NAME, MANIFEST_NAME, Manifest
+from mtpconv.quantconfig.standard import stock_vllm_since
 from mtpconv.units import human_bytes
 
 CARD_NAME = "README.md"
@@ -271,8 +272,16 @@ def _window_section(manifest: Manifest) -> list[str]:
 def _engines_section(manifest: Manifest, repo_id: str, source_repo: str | None) -> list[str]:
     """What each engine gets from this variant, claiming only what is verified (README)."""
     d = manifest.drafter
+    older: list[str] = []
     if d.declaration == "standard":
         algos = ", ".join(sorted(set(d.declared_algorithms.values()))) or "its FP8 config group"
+        since = stock_vllm_since(d.declared_algorithms.values())
+        if since is not None:
+            older = [
+                f"| stock vLLM < {since} (no plugin) | refuses this variant at load: its ModelOpt "
+                f"MIXED_PRECISION config builds no layer of these algorithms ({algos}), so the FP8 "
+                "scales find no parameter (measured on 0.26) |"
+            ]
         stock = (
             f"the FP8 drafter through its own quant config ({algos}) and the full target head "
             "(it never loads `mtpconv/draft_head.safetensors`)"
@@ -295,6 +304,7 @@ def _engines_section(manifest: Manifest, repo_id: str, source_repo: str | None) 
         "| engine | what it gets |",
         "|---|---|",
         f"| stock vLLM >= 0.32 (no plugin) | {stock} |",
+        *older,
         f"| vLLM + mtpconv plugin | {plugin} |",
     ]
     sglang = "the ids file as `--speculative-token-map` with the *source* checkpoint; not this drafter"

@@ -30,6 +30,7 @@ from mtpconv.quantconfig.audit import audit_quant_configs
 from mtpconv.quantconfig.compressed_tensors import with_declared_layouts
 from mtpconv.quantconfig.declarations import declared_algorithm, declared_quant
 from mtpconv.quantconfig.documents import QuantConfigs, load_quant_configs
+from mtpconv.quantconfig.standard import stock_vllm_since
 from mtpconv.quantconfig.stock_view import StockView, source_view, variant_view
 from mtpconv.weight_names import CheckpointModules
 
@@ -220,6 +221,9 @@ def _variant_finding(manifest: Manifest) -> Finding:
             + ": stock vLLM loads them with its own FP8 methods; the mtpconv plugin adds "
             "its kernels and the truncated draft head"
         )
+        since = stock_vllm_since(algos)
+        if since is not None:
+            how += f" (stock vLLM older than {since} refuses them at load: its mixed config builds no such layer)"
     else:
         how = (
             "excluded from the target's quant config: only the mtpconv vLLM plugin builds "

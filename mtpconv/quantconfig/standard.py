@@ -47,6 +47,11 @@ from mtpconv.weight_names import CheckpointModules
 
 DENSE_ALGO = methods.FP8_PER_CHANNEL_PER_TOKEN  # the drafter's dense linears: weight_scale f32 [out]
 EXPERT_ALGO = methods.FP8_PB_WO  # its routed experts: weight_scale_inv f32 128x128 blocks
+# The first vLLM release whose mixed config builds both (read from the releases' modelopt.py:
+# 0.29 builds FP8_PB_WO linears only, 0.26-0.28 neither). An older one leaves such a layer BF16,
+# and loading its FP8 scales fails: "There is no module or parameter named '...weight_scale'"
+# (measured on 0.26, README "What each engine gets").
+VLLM_MIXED_DRAFTER_SINCE = "0.30"
 # vLLM 0.32's ModelOptMixedPrecisionConfig.get_quant_method: the algorithms it builds a
 # method for, per layer kind; any other algorithm leaves that layer BF16, silently.
 VLLM_MIXED_LINEAR_ALGOS = frozenset(
@@ -69,6 +74,13 @@ VLLM_MIXED_MOE_ALGOS = frozenset(
         methods.MXFP8,
     }
 )
+
+
+def stock_vllm_since(declared: Collection[str]) -> str | None:
+    """The oldest stock vLLM that builds every drafter algorithm declared (None: no FP8 declared here)."""
+    return VLLM_MIXED_DRAFTER_SINCE if {DENSE_ALGO, EXPERT_ALGO} & set(declared) else None
+
+
 _FLAT_REPLACED = frozenset(
     {"quant_algo", "quantization", "config_groups", "ignore", "exclude_modules", "quantized_layers"}
 )

@@ -145,3 +145,5 @@ def test_variant_finding_says_how_stock_vllm_reads_the_drafter(tmp_path: Path) -
     )
     assert "FP8_PER_CHANNEL_PER_TOKEN" in finding.message
     assert "stock vLLM loads them with its own FP8 methods" in finding.message
+    # vLLM 0.26-0.29's mixed config builds no FP8_PER_CHANNEL_PER_TOKEN layer (0.26 refused at load).
+    assert "stock vLLM older than 0.30 refuses them at load" in finding.message

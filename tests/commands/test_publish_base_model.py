@@ -87,6 +87,10 @@ def test_engines_of_a_standard_variant(tmp_path: Path) -> None:
     )
     assert "`model.layers.2.eh_proj` stay BF16 (plain `nn.Linear`)" in card
     assert (
+        "| stock vLLM < 0.30 (no plugin) | refuses this variant at load: its ModelOpt MIXED_PRECISION "
+        f"config builds no layer of these algorithms ({', '.join(algos)})"
+    ) in card
+    assert (
         "| vLLM + mtpconv plugin | the FP8 drafter on the plugin's kernels (no truncated head here) |" in card
     )
     assert "| SGLang | nothing (this variant has no draft vocabulary) |" in card
@@ -98,6 +102,7 @@ def test_engines_of_an_exclusion_variant_with_a_head(tmp_path: Path) -> None:
     manifest = replace(manifest, drafter=replace(manifest.drafter, declaration="exclusion"))
     card = build_model_card(variant, manifest, "alice/Tiny-MTP-mtpfp8")
     assert "| stock vLLM >= 0.32 (no plugin) | refuses this variant loudly at load" in card
+    assert "| stock vLLM < 0.30" not in card  # every stock vLLM refuses an exclusion-style variant
     assert manifest.draft_vocab is not None
     assert f"+ the truncated {manifest.draft_vocab.size:,}-row draft head |" in card
     assert (
