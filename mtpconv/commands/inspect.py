@@ -223,7 +223,10 @@ def _variant_finding(manifest: Manifest) -> Finding:
         )
         since = stock_vllm_since(algos)
         if since is not None:
-            how += f" (stock vLLM older than {since} refuses them at load: its mixed config builds no such layer)"
+            how += (
+                f" (stock vLLM older than {since} refuses them at load: its mixed config builds "
+                "no such layer)"
+            )
     else:
         how = (
             "excluded from the target's quant config: only the mtpconv vLLM plugin builds "
