@@ -21,11 +21,11 @@ from typing import Any
 from mtpconv.draft_vocab.generate import VLLM_HINT
 from mtpconv.draft_vocab.prompts import PromptKind, has_chat_template, read_prompts
 from mtpconv.errors import DraftVocabUsageError, EvalError, EvalUsageError
-from mtpconv.evaluation.report import EvalReport, build_report
+from mtpconv.evaluation.report import EvalReport, build_report, explain_stock_refusal
 from mtpconv.evaluation.rows import ALL_ROWS, BUILTIN_PROMPTS, Row, RowJob
 from mtpconv.evaluation.runner import run_rows
 from mtpconv.jsonio import dumps_json, write_text_durably
-from mtpconv.manifest import EVAL_REPORT_NAME, MANIFEST_NAME
+from mtpconv.manifest import EVAL_REPORT_NAME, MANIFEST_NAME, read_manifest
 
 
 def parse_batches(text: str) -> list[int]:
@@ -129,6 +129,7 @@ def evaluate(
         ]
     else:
         prompts = [{"prompt": text} for text in BUILTIN_PROMPTS]
+    manifest = read_manifest(variant_dir) if variant_dir is not None else None  # a broken one: before any row
     require_vllm()
     jobs = [
         RowJob(
@@ -155,6 +156,8 @@ def evaluate(
         prompts=str(prompts_file) if prompts_file is not None else "built-in",
         command=command,
     )
+    if manifest is not None and manifest.drafter.declaration == "standard":
+        explain_stock_refusal(report, manifest.drafter.declared_algorithms.values())
     if save and variant_dir is not None and report.ok:
         write_text_durably(variant_dir / EVAL_REPORT_NAME, dumps_json(report.to_dict()))
         if notify:

@@ -9,12 +9,14 @@ prefill, so ``served mean acceptance length = (generated - requests) / drafts``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from mtpconv.evaluation.rows import Row
 from mtpconv.evaluation.runner import RowOutcome
+from mtpconv.quantconfig.standard import stock_vllm_since
 
 
 @dataclass
@@ -215,3 +217,28 @@ def _add_speedups(rows: list[RowReport]) -> None:
                 b.speedup_vs_source_mtp = _speed(b) / source_mtp[b.batch]
             if r.row is not Row.NO_SPEC and no_spec.get(b.batch):
                 b.speedup_vs_no_spec = _speed(b) / no_spec[b.batch]
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    """``"0.26.0"``, ``"0.32.0+cpu"`` -> ``(0, 26)``, ``(0, 32)``; None for what is not a version."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def explain_stock_refusal(report: EvalReport, declared: Collection[str]) -> None:
+    """Say why the stock row failed where the vLLM that served the other rows predates the first
+    release that builds the variant's declared FP8 drafter (vLLM's own error names a missing
+    ``weight_scale`` parameter, not the cause)."""
+    since = stock_vllm_since(declared)
+    stock = next((r for r in report.rows if r.row is Row.VARIANT_STOCK and r.error), None)
+    if since is None or stock is None or stock.error is None or report.vllm_version is None:
+        return
+    ran, first = _release(report.vllm_version), _release(since)
+    if ran is None or first is None or ran >= first:
+        return
+    algos = ", ".join(sorted(set(declared)))
+    stock.error += (
+        f" (expected: vLLM {report.vllm_version} predates {since}, the first release whose ModelOpt "
+        f"MIXED_PRECISION config builds this variant's FP8 drafter ({algos}); serve it with a newer "
+        "vLLM or with the mtpconv plugin)"
+    )

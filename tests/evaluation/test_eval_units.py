@@ -258,3 +258,65 @@ def test_a_failed_row_names_the_cause_not_vllms_summary(tmp_path: Path) -> None:
     )
     (tmp_path / "quiet.log").write_text("killed\n")
     assert _error_from_log(tmp_path / "quiet.log", -9) == "exit -9: killed"
+
+
+def _refused_stock_outcomes(vllm_version: str) -> list[RowOutcome]:
+    """source-mtp served by ``vllm_version``; the variant's stock row failed at load."""
+    served = _outcome(Row.SOURCE_MTP, _batch(1, [[1, 2, 3]], 1, 2, 2, 0.5))
+    assert served.result is not None
+    served.result["vllm_version"] = vllm_version
+    refused = RowOutcome(
+        Row.VARIANT_STOCK, None, "exit 1: ValueError: no 'fc.weight_scale'", Path("x.log"), 2.0
+    )
+    return [served, refused]
+
+
+@pytest.mark.parametrize(
+    ("version", "declared", "explained"),
+    [
+        ("0.26.0", ["FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO"], True),
+        ("0.29.1", ["FP8_PER_CHANNEL_PER_TOKEN"], True),
+        ("0.30.0", ["FP8_PER_CHANNEL_PER_TOKEN"], False),
+        ("0.32.0+cpu", ["FP8_PB_WO"], False),
+        ("0.26.0", ["FP8"], False),  # not a declaration quantize-mtp writes: no claim about it
+        ("dev", ["FP8_PER_CHANNEL_PER_TOKEN"], False),
+    ],
+)
+def test_a_stock_refusal_by_an_older_vllm_says_why(
+    version: str, declared: list[str], explained: bool
+) -> None:
+    from mtpconv.evaluation.report import explain_stock_refusal
+
+    report = build_report(
+        _refused_stock_outcomes(version),
+        source="s",
+        variant="v",
+        num_speculative_tokens=3,
+        max_tokens=3,
+        prompts="p",
+        command="c",
+    )
+    explain_stock_refusal(report, declared)
+    error = report.rows[1].error
+    assert error is not None and error.startswith("exit 1: ValueError: no 'fc.weight_scale'")
+    assert (f"(expected: vLLM {version} predates 0.30, the first release" in error) is explained
+    assert report.rows[0].error is None
+
+
+def test_eval_explains_the_stock_row_from_the_variants_manifest(
+    pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mtpconv.commands import evaluate as command
+    from mtpconv.manifest import read_manifest
+
+    src, var = pair
+    manifest = read_manifest(var)
+    assert manifest is not None and manifest.drafter.declaration == "standard"
+    monkeypatch.setattr(command, "require_vllm", lambda: None)
+    monkeypatch.setattr(command, "run_rows", lambda *_a, **_k: _refused_stock_outcomes("0.26.0"))
+    got = command.evaluate(str(src), str(var), rows=[Row.SOURCE_MTP, Row.VARIANT_STOCK], save=False)
+    algos = ", ".join(sorted(set(manifest.drafter.declared_algorithms.values())))
+    error = got.rows[1].error
+    assert (
+        error is not None and f"builds this variant's FP8 drafter ({algos}); serve it with a newer" in error
+    )
