@@ -320,3 +320,17 @@ def test_eval_explains_the_stock_row_from_the_variants_manifest(
     assert (
         error is not None and f"builds this variant's FP8 drafter ({algos}); serve it with a newer" in error
     )
+
+
+@pytest.mark.usefixtures("rows_never_served")
+def test_a_broken_manifest_stops_eval_before_any_row(
+    pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    src, var = pair
+    broken = tmp_path / "var"
+    shutil.copytree(var, broken)
+    (broken / "mtpconv.json").write_text("{not json")
+    code, _, err = run_cli(["eval", str(src), str(broken)], capsys)
+    assert code == 1 and "mtpconv.json" in _one_error(err)
