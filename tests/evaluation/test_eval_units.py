@@ -13,7 +13,7 @@ import pytest
 from fixtures.checkpoints import Spec, write_checkpoint
 from mtpconv.evaluation import runner
 from mtpconv.evaluation.probe import module_kind
-from mtpconv.evaluation.report import build_report
+from mtpconv.evaluation.report import EvalReport, build_report
 from mtpconv.evaluation.rows import Row
 from mtpconv.evaluation.runner import RowOutcome, row_environment
 from mtpconv.manifest import EVAL_REPORT_NAME
@@ -156,6 +156,19 @@ def _outcome(row: Row, *batches: dict[str, Any]) -> RowOutcome:
     return RowOutcome(row, result, None, Path(f"{row.value}.log"), 1.0)
 
 
+def _report(outcomes: list[RowOutcome], max_tokens: int = 3) -> EvalReport:
+    """The report of ``outcomes``, k = 3, built-in prompts."""
+    return build_report(
+        outcomes,
+        source="s",
+        variant="v",
+        num_speculative_tokens=3,
+        max_tokens=max_tokens,
+        prompts="built-in",
+        command="c",
+    )
+
+
 def test_served_mean_length_counts_only_tokens_the_requests_received() -> None:
     ref = [[1, 2, 3, 4, 5, 6, 7], [9, 10, 11, 12, 13, 14, 15]]
     outcomes = [
@@ -165,15 +178,7 @@ def test_served_mean_length_counts_only_tokens_the_requests_received() -> None:
         _outcome(Row.SOURCE_MTP, _batch(2, ref, 4, 12, 12, 0.6)),
         _outcome(Row.VARIANT_PLUGIN, _batch(2, [ref[0], [9, 10, 11, 0, 0, 0, 0]], 4, 12, 9, 0.5)),
     ]
-    report = build_report(
-        outcomes,
-        source="s",
-        variant="v",
-        num_speculative_tokens=3,
-        max_tokens=7,
-        prompts="built-in",
-        command="c",
-    )
+    report = _report(outcomes, max_tokens=7)
     no_spec, source, plugin = (r.batches[0] for r in report.rows)
     assert no_spec.identical is None and no_spec.decode_tokens_per_second == pytest.approx(12 / 1.2)
     assert source.identical is True and source.counter_mean_length == 4.0
@@ -186,9 +191,7 @@ def test_served_mean_length_counts_only_tokens_the_requests_received() -> None:
 
 def test_a_failed_row_is_reported_and_the_report_is_not_ok() -> None:
     failed = RowOutcome(Row.VARIANT_STOCK, None, "exit 1: ValueError: no weight_scale", Path("x.log"), 2.0)
-    report = build_report(
-        [failed], source="s", variant="v", num_speculative_tokens=3, max_tokens=7, prompts="p", command="c"
-    )
+    report = _report([failed])
     assert not report.ok and report.rows[0].error == "exit 1: ValueError: no weight_scale"
     assert report.to_dict()["rows"][0]["batches"] == []
 
@@ -287,15 +290,7 @@ def test_a_stock_refusal_by_an_older_vllm_says_why(
 ) -> None:
     from mtpconv.evaluation.report import explain_stock_refusal
 
-    report = build_report(
-        _refused_stock_outcomes(version),
-        source="s",
-        variant="v",
-        num_speculative_tokens=3,
-        max_tokens=3,
-        prompts="p",
-        command="c",
-    )
+    report = _report(_refused_stock_outcomes(version))
     explain_stock_refusal(report, declared)
     error = report.rows[1].error
     assert error is not None and error.startswith("exit 1: ValueError: no 'fc.weight_scale'")
