@@ -122,11 +122,19 @@ def _modelopt_from_quantization(q: Any, source: str) -> DeclaredQuant:
     return DeclaredQuant(methods.MODELOPT, algo_u, exclude, layers, kv, source)
 
 
+def flat_modelopt_exclusion_key(qc: dict[str, Any]) -> str:
+    """Where a flat ModelOpt quantization_config lists its exclusions: ``ignore``, else
+    ``exclude_modules``. ModelOpt exports write either; vLLM 0.33 reads ``ignore`` and falls back
+    to ``exclude_modules`` (0.32 read ``ignore`` only, so a list written as ``ignore`` serves both)."""
+    return "ignore" if "ignore" in qc or "exclude_modules" not in qc else "exclude_modules"
+
+
 def _modelopt_from_qc(qc: dict[str, Any], source: str, hf_quant: dict[str, Any] | None) -> DeclaredQuant:
     if "quantization" in qc:
         return _modelopt_from_quantization(qc["quantization"], source)
     algo = _str_or_none(qc.get("quant_algo"), _where(source, "quant_algo"))
-    exclude = _str_list(qc.get("ignore"), _where(source, "ignore"))
+    key = flat_modelopt_exclusion_key(qc)
+    exclude = _str_list(qc.get(key), _where(source, key))
     algo_u = algo.upper() if algo else None
     layers = None
     if algo_u == methods.MIXED_PRECISION:

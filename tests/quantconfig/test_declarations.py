@@ -206,3 +206,15 @@ def test_exclusion_matcher_answers_alike_per_vllm_view() -> None:
     again = ExclusionMatcher("modelopt", ["model.layers.1.mlp.experts*", "*o_proj"], "test")
     for m in [*experts, "model.layers.0.self_attn.o_proj", "model.layers.0.self_attn.q_proj"]:
         assert again.excludes(m) == matcher.excludes(m)  # the memo never changes an answer
+
+
+def test_flat_modelopt_exclusions_read_ignore_else_exclude_modules() -> None:
+    """ModelOpt exports list a flat config's exclusions as ``ignore`` or ``exclude_modules``;
+    vLLM 0.33 reads ``ignore`` and falls back to ``exclude_modules``."""
+    hq, qc = modelopt_nvfp4_configs()
+    listed = list(qc.pop("ignore"))
+    only_exclude = dict(qc, exclude_modules=listed)
+    decl = declared_quant(QuantConfigs(qwen35_moe_config(only_exclude), None))
+    assert decl.exclude == listed and declared_algorithm(decl, "lm_head") is None
+    both = dict(qc, ignore=["lm_head"], exclude_modules=listed)
+    assert declared_quant(QuantConfigs(qwen35_moe_config(both), None)).exclude == ["lm_head"]

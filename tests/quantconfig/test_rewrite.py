@@ -440,3 +440,18 @@ def test_variant_record_of_mixed_precision_lists_dropped_layers() -> None:
     assert variant.excluded_modules == sorted(
         m for m in drafter if m == "mtp.fc" or m.startswith("mtp.layers.0.mlp.experts.")
     )
+
+
+def test_fix_exclusions_of_a_flat_exclude_modules_list_writes_ignore_with_its_entries() -> None:
+    """A flat ModelOpt config listing its exclusions as ``exclude_modules``: the fix goes into
+    ``ignore`` (which vLLM reads first) together with every entry listed before, so that vLLM
+    0.32 and 0.33 read the same exclusions; ``exclude_modules`` stays as it was."""
+    configs, _modules, _drafter, stored = nvfp4_gap(router_gates=False)
+    qc = configs.config["quantization_config"]
+    before = list(qc.pop("ignore"))
+    qc["exclude_modules"] = before
+    assert declared_quant(configs).exclude == before
+    _, cfg = fixed_exclusion_configs(configs, stored).documents
+    new_qc = cfg["quantization_config"]
+    assert new_qc["exclude_modules"] == before
+    assert new_qc["ignore"][: len(before)] == before and "mtp.fc" in new_qc["ignore"][len(before) :]
