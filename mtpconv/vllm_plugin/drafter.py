@@ -33,7 +33,7 @@ from mtpconv.conversion_options import HeadDtype
 from mtpconv.errors import ManifestError
 from mtpconv.vllm_plugin import shared_expert
 from mtpconv.vllm_plugin.quant import DrafterQuantConfig, DraftHeadQuantConfig
-from mtpconv.vllm_plugin.settings import DrafterSettings, drafter_settings
+from mtpconv.vllm_plugin.settings import DRAFT_VOCAB_ENV, DrafterSettings, drafter_settings
 
 logger = init_logger("vllm.plugins.mtpconv")
 
@@ -107,6 +107,20 @@ def stage_local_forward(
     return hidden_states
 
 
+def head_quantization_not_applied(speculative_config: object, rows: int) -> str | None:
+    """What to tell a user who set vLLM's ``draft_lm_head_quantization`` (0.33, Model Runner V2)
+    for a variant with its own draft head: vLLM quantizes a copy of the target's head for the
+    drafter, but this drafter drafts with ``draft_lm_head`` and never reads that copy."""
+    asked = getattr(speculative_config, "draft_lm_head_quantization", None)
+    if asked is None:
+        return None
+    return (
+        f"mtpconv: draft_lm_head_quantization={asked} is not applied: this variant drafts with its own "
+        f"{rows:,}-row draft head (vLLM's quantized copy of the target head is built but unused; "
+        f"{DRAFT_VOCAB_ENV}=0 drafts with that copy instead)"
+    )
+
+
 class MtpconvDrafterMixin:
     """Mixed in before one of vLLM's MTP model classes."""
 
@@ -152,6 +166,9 @@ class MtpconvDrafterMixin:
             ids = head.ids.to(cast(torch.Tensor, draft_head.weight).device)
             self.model.register_buffer("draft_vocab_ids", ids, persistent=False)
             self.draft_logits_processor = LogitsProcessor(k)
+            unused = head_quantization_not_applied(vllm_config.speculative_config, k)
+            if unused is not None:
+                logger.warning("%s", unused)
         logger.info(
             "mtpconv: drafter of %s with %d FP8 linears, draft head %s, attention window %s",
             settings.model_dir,

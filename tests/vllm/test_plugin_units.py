@@ -198,3 +198,18 @@ def test_hub_repo_id_resolves_through_the_cache(models: dict[str, Path]) -> None
     populate_hub_cache("acme/tiny-bf16", models["planted_fp8_vocab"], ["config.json", "model.safetensors"])
     assert drafter_settings("acme/tiny-bf16", None, 512) is None
     assert drafter_settings("acme/not-cached", None, 512) is None
+
+
+def test_vllms_draft_head_quantization_is_said_to_be_unused_with_a_draft_head() -> None:
+    """vLLM 0.33's ``draft_lm_head_quantization`` quantizes a copy of the target's head, which a
+    variant with its own draft head never reads: the plugin says so (0.32 has no such option)."""
+    from types import SimpleNamespace
+
+    from mtpconv.vllm_plugin.drafter import head_quantization_not_applied
+
+    said = head_quantization_not_applied(SimpleNamespace(draft_lm_head_quantization="fp8"), 32768)
+    assert said is not None
+    assert "draft_lm_head_quantization=fp8 is not applied" in said and "32,768-row draft head" in said
+    assert "MTPCONV_DRAFT_VOCAB=0" in said
+    assert head_quantization_not_applied(SimpleNamespace(draft_lm_head_quantization=None), 8) is None
+    assert head_quantization_not_applied(SimpleNamespace(), 8) is None  # vLLM 0.32's config
