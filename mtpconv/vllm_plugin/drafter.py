@@ -198,14 +198,19 @@ class MtpconvDrafterMixin:
         full.index_copy_(1, self.model.draft_vocab_ids, sub)
         return full
 
-    def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Greedy draft token ids in the target vocabulary (vLLM's local-argmax path)."""
+    def get_top_tokens(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
+        """Greedy draft token ids in the target vocabulary (vLLM's local-argmax path). V2's
+        multi-module MTP speculator passes ``spec_step_idx``; the draft head serves every step."""
         if self.draft_logits_processor is None:
             parent = getattr(super(), "get_top_tokens", None)
             if parent is not None:
+                # vLLM's single-module MTP classes take hidden_states alone.
+                if spec_step_idx:
+                    step_top: torch.Tensor = parent(hidden_states, spec_step_idx=spec_step_idx)
+                    return step_top
                 top: torch.Tensor = parent(hidden_states)
                 return top
-            logits = self.compute_logits(hidden_states)
+            logits = self.compute_logits(hidden_states, spec_step_idx)
             assert logits is not None
             return logits.argmax(dim=-1)
         local = self.draft_logits_processor.get_top_tokens(

@@ -213,3 +213,23 @@ def test_vllms_draft_head_quantization_is_said_to_be_unused_with_a_draft_head() 
     assert "MTPCONV_DRAFT_VOCAB=0" in said
     assert head_quantization_not_applied(SimpleNamespace(draft_lm_head_quantization=None), 8) is None
     assert head_quantization_not_applied(SimpleNamespace(), 8) is None  # vLLM 0.32's config
+
+
+def test_the_draft_heads_top_tokens_take_vllms_step_index() -> None:
+    """Model Runner V2's multi-module MTP speculator calls ``get_top_tokens(hs, spec_step_idx=i)``;
+    the truncated head answers every step alike, in target-vocabulary ids."""
+    from types import SimpleNamespace
+
+    from mtpconv.vllm_plugin.drafter import DRAFT_HEAD_ATTR, MtpconvDrafterMixin
+
+    ids = torch.tensor([7, 3, 11])
+    head = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]])  # 3 draft rows, hidden size 2
+    processor = SimpleNamespace(get_top_tokens=lambda h, hs: (hs @ h.T).argmax(dim=-1))
+    drafter = SimpleNamespace(
+        draft_logits_processor=processor,
+        model=SimpleNamespace(draft_vocab_ids=ids, **{DRAFT_HEAD_ATTR: head}),
+    )
+    hs = torch.tensor([[2.0, 1.0], [0.0, 3.0]])
+    for step in (0, 1, 2):
+        top = MtpconvDrafterMixin.get_top_tokens(drafter, hs, spec_step_idx=step)  # type: ignore[arg-type]
+        assert top.tolist() == [7, 3]
