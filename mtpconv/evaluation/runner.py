@@ -66,13 +66,15 @@ _RAISED = re.compile(r"\b(\w+(?:Error|Exception)): (.+)$")
 _SUMMARIES = ("Engine core initialization failed",)
 
 
-def _error_from_log(log: Path, code: int) -> str:
-    """The row's cause of failure from its log: the last exception that is not vLLM's summary."""
-    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+def error_from_log(log: Path, code: int | None) -> str:
+    """The row's cause of failure from its log: the last exception that is not vLLM's summary,
+    after the process's exit code where it is known."""
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.is_file() else []
     raised = [m.group(0) for m in (_RAISED.search(ln) for ln in lines) if m]
     causes = [r for r in raised if not any(s in r for s in _SUMMARIES)] or raised
     tail = [ln.strip() for ln in lines if ln.strip()]
-    return f"exit {code}: {causes[-1] if causes else (tail[-1] if tail else 'no output')}"
+    cause = causes[-1] if causes else (tail[-1] if tail else "no output")
+    return cause if code is None else f"exit {code}: {cause}"
 
 
 def run_row(job: RowJob, workdir: Path, env: dict[str, str]) -> RowOutcome:
@@ -98,7 +100,7 @@ def run_row(job: RowJob, workdir: Path, env: dict[str, str]) -> RowOutcome:
     seconds = time.perf_counter() - started
     if code == 0 and out_file.is_file():
         return RowOutcome(job.row, json.loads(out_file.read_text(encoding="utf-8")), None, log, seconds)
-    return RowOutcome(job.row, None, _error_from_log(log, code), log, seconds)
+    return RowOutcome(job.row, None, error_from_log(log, code), log, seconds)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -245,7 +245,7 @@ def test_a_broken_saved_report_is_named(pair: tuple[Path, Path], tmp_path: Path)
 
 
 def test_a_failed_row_names_the_cause_not_vllms_summary(tmp_path: Path) -> None:
-    from mtpconv.evaluation.runner import _error_from_log
+    from mtpconv.evaluation.runner import error_from_log
 
     log = tmp_path / "variant-stock.log"
     log.write_text(
@@ -255,12 +255,14 @@ def test_a_failed_row_names_the_cause_not_vllms_summary(tmp_path: Path) -> None:
         "Traceback (most recent call last):\n"
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
     )
-    assert _error_from_log(log, 1) == (
+    assert error_from_log(log, 1) == (
         "exit 1: ValueError: There is no module or parameter named 'fc.weight_scale' in "
         "Qwen3NextMultiTokenPredictor."
     )
     (tmp_path / "quiet.log").write_text("killed\n")
-    assert _error_from_log(tmp_path / "quiet.log", -9) == "exit -9: killed"
+    assert error_from_log(tmp_path / "quiet.log", -9) == "exit -9: killed"
+    assert error_from_log(tmp_path / "quiet.log", None) == "killed"  # the exit code is not known
+    assert error_from_log(tmp_path / "no.log", None) == "no output"
 
 
 def _refused_stock_outcomes(vllm_version: str) -> list[RowOutcome]:
