@@ -230,7 +230,7 @@ def explain_stock_refusal(report: EvalReport, declared: Collection[str]) -> None
     release that builds the variant's declared FP8 drafter (vLLM's own error names a missing
     ``weight_scale`` parameter, not the cause)."""
     since = stock_vllm_since(declared)
-    stock = next((r for r in report.rows if r.row is Row.VARIANT_STOCK and r.error), None)
+    stock = next((r for r in report.rows if r.row is Row.VARIANT_STOCK), None)
     if since is None or stock is None or stock.error is None or report.vllm_version is None:
         return
     ran, first = _release(report.vllm_version), _release(since)

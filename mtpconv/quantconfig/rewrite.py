@@ -180,10 +180,10 @@ def _exclusion_lists(
             if method == methods.FP8_METHOD:
                 keep = qc.get("ignored_layers") or not qc.get("modules_to_not_convert")
                 key = "ignored_layers" if keep else "modules_to_not_convert"
-            elif method == methods.MODELOPT and flat_modelopt_exclusion_key(qc) != key:
+            elif method == methods.MODELOPT and (listed := flat_modelopt_exclusion_key(qc)) != key:
                 # The export listed them as exclude_modules: carry them into ignore, which every
                 # vLLM reads first (a new ignore list alone would hide them from vLLM 0.33).
-                qc[key] = list(_ensure_list(qc, flat_modelopt_exclusion_key(qc), source))
+                qc[key] = list(_ensure_list(qc, listed, source))
             lists.append(_ExclusionList(CONFIG_JSON, (*loc.keys, key), _ensure_list(qc, key, source)))
     if hf_quant is not None:
         q = hf_quant.get("quantization")
