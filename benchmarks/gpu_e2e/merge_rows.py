@@ -1,6 +1,6 @@
 """One ``mtpconv eval`` report from rows served by several eval runs on one machine.
 
-A Qwen3-Next row under Model Runner V2 takes about 300 s to start on the H100, so its rows do
+Qwen3-Next's no-spec row under Model Runner V2 took 274 s to start on the H100, so its rows do
 not fit one 600 s device call together. Each row of ``mtpconv eval`` is a fresh process anyway:
 run them in back-to-back calls (``ROWS=source-mtp TAG=a run_on_device.sh next v2``, then
 ``ROWS=variant-plugin TAG=b ...``), then merge what each run left in its work directory
