@@ -1,4 +1,4 @@
-"""Small test utilities: hashing trees, reading tensors back, comparing kernel outputs."""
+"""Small test utilities: hashing trees, reading tensors back, comparing kernel outputs, eval row results."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import hashlib
 import os
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -94,3 +95,20 @@ def populate_hub_cache(repo_id: str, src: Path, files: Collection[str] | None = 
 def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
     """Relative L2 error of ``got`` against ``want``, computed in float64."""
     return float((got.double() - want.double()).norm() / want.double().norm())
+
+
+def worker_batch(
+    batch: int, outputs: list[list[int]], drafts: int, draft_tokens: int, accepted: int, decode: float
+) -> dict[str, Any]:
+    """One batch of an eval row's result, as ``mtpconv.evaluation.worker`` writes it."""
+    return {
+        "batch": batch,
+        "outputs": outputs,
+        "requests": len(outputs),
+        "generated": sum(len(o) for o in outputs),
+        "decode_seconds": decode,
+        "wall_seconds": decode * 1.25,
+        "drafts": drafts,
+        "draft_tokens": draft_tokens,
+        "accepted": accepted,
+    }

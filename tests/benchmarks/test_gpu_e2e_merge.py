@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.gpu_e2e.merge_rows import MergeError, main, merge
 from mtpconv.evaluation.rows import Row, RowJob
+from tests.helpers import worker_batch
 
 OUTPUTS = [[5, 6, 7, 8]]
 
@@ -27,17 +28,7 @@ def _write_row(directory: Path, row: Row, *, decode: float, accepted: int, **job
     ).to_json()
     (directory / f"{row.value}.job.json").write_text(json.dumps({**job, **job_changes}))
     drafts = 0 if row is Row.NO_SPEC else 1
-    batch = {
-        "batch": 1,
-        "requests": 1,
-        "generated": 4,
-        "outputs": OUTPUTS,
-        "decode_seconds": decode,
-        "wall_seconds": decode,
-        "drafts": drafts,
-        "draft_tokens": 3 * drafts,
-        "accepted": accepted,
-    }
+    batch = worker_batch(1, OUTPUTS, drafts, 3 * drafts, accepted, decode)
     result = {"row": row.value, "vllm_version": "0.26.0", "device": "test", "model_runner": "v2"}
     (directory / f"{row.value}.result.json").write_text(json.dumps({**result, "batches": [batch]}))
     (directory / f"{row.value}.log").write_text("served\n")

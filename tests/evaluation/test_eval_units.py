@@ -17,7 +17,7 @@ from mtpconv.evaluation.report import EvalReport, build_report
 from mtpconv.evaluation.rows import Row
 from mtpconv.evaluation.runner import RowOutcome, row_environment
 from mtpconv.manifest import EVAL_REPORT_NAME
-from tests.helpers import run_cli
+from tests.helpers import run_cli, worker_batch
 
 
 @pytest.fixture(scope="module")
@@ -129,22 +129,6 @@ def test_only_the_plugin_row_loads_mtpconv(monkeypatch: pytest.MonkeyPatch) -> N
         assert row_environment(row, {"VLLM_PLUGINS": "mtpconv"})["VLLM_PLUGINS"] == "none"
 
 
-def _batch(
-    batch: int, outputs: list[list[int]], drafts: int, draft_tokens: int, accepted: int, decode: float
-) -> dict[str, Any]:
-    return {
-        "batch": batch,
-        "outputs": outputs,
-        "requests": len(outputs),
-        "generated": sum(len(o) for o in outputs),
-        "decode_seconds": decode,
-        "wall_seconds": decode * 1.25,
-        "drafts": drafts,
-        "draft_tokens": draft_tokens,
-        "accepted": accepted,
-    }
-
-
 def _outcome(row: Row, *batches: dict[str, Any]) -> RowOutcome:
     result = {
         "row": row.value,
@@ -172,11 +156,11 @@ def _report(outcomes: list[RowOutcome], max_tokens: int = 3) -> EvalReport:
 def test_served_mean_length_counts_only_tokens_the_requests_received() -> None:
     ref = [[1, 2, 3, 4, 5, 6, 7], [9, 10, 11, 12, 13, 14, 15]]
     outcomes = [
-        _outcome(Row.NO_SPEC, _batch(2, ref, 0, 0, 0, 1.2)),
+        _outcome(Row.NO_SPEC, worker_batch(2, ref, 0, 0, 0, 1.2)),
         # 7 tokens a request, k = 3: the prefill gives one, then 2 verify steps give 4 + 2 served
         # tokens; vLLM's counters accepted all 3 drafts of both steps (the last past the end).
-        _outcome(Row.SOURCE_MTP, _batch(2, ref, 4, 12, 12, 0.6)),
-        _outcome(Row.VARIANT_PLUGIN, _batch(2, [ref[0], [9, 10, 11, 0, 0, 0, 0]], 4, 12, 9, 0.5)),
+        _outcome(Row.SOURCE_MTP, worker_batch(2, ref, 4, 12, 12, 0.6)),
+        _outcome(Row.VARIANT_PLUGIN, worker_batch(2, [ref[0], [9, 10, 11, 0, 0, 0, 0]], 4, 12, 9, 0.5)),
     ]
     report = _report(outcomes, max_tokens=7)
     no_spec, source, plugin = (r.batches[0] for r in report.rows)
@@ -200,8 +184,8 @@ def _saved_report() -> dict[str, Any]:
     ref = [[1, 2, 3]]
     report = build_report(
         [
-            _outcome(Row.NO_SPEC, _batch(1, ref, 0, 0, 0, 1.0)),
-            _outcome(Row.VARIANT_PLUGIN, _batch(1, ref, 1, 2, 2, 0.5)),
+            _outcome(Row.NO_SPEC, worker_batch(1, ref, 0, 0, 0, 1.0)),
+            _outcome(Row.VARIANT_PLUGIN, worker_batch(1, ref, 1, 2, 2, 0.5)),
         ],
         source="src",
         variant="var",
@@ -267,7 +251,7 @@ def test_a_failed_row_names_the_cause_not_vllms_summary(tmp_path: Path) -> None:
 
 def _refused_stock_outcomes(vllm_version: str) -> list[RowOutcome]:
     """source-mtp served by ``vllm_version``; the variant's stock row failed at load."""
-    served = _outcome(Row.SOURCE_MTP, _batch(1, [[1, 2, 3]], 1, 2, 2, 0.5))
+    served = _outcome(Row.SOURCE_MTP, worker_batch(1, [[1, 2, 3]], 1, 2, 2, 0.5))
     assert served.result is not None
     served.result["vllm_version"] = vllm_version
     refused = RowOutcome(
