@@ -33,13 +33,27 @@ class MergeError(Exception):
     """The runs cannot be compared as one."""
 
 
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MergeError(f"{path} is unreadable ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise MergeError(f"{path} is not a JSON object")
+    return doc
+
+
 def _row_files(directories: list[Path]) -> dict[Row, tuple[dict[str, Any], Path]]:
     found: dict[Row, tuple[dict[str, Any], Path]] = {}
     for directory in directories:
         for row in Row:
             job = directory / f"{row.value}.job.json"
             if job.is_file():
-                found[row] = (json.loads(job.read_text(encoding="utf-8")), directory)
+                doc = _read(job)
+                missing = [k for k in ("model", *_SAME) if k not in doc]
+                if missing:
+                    raise MergeError(f"{job} has no {', '.join(missing)}: not a job mtpconv eval wrote")
+                found[row] = (doc, directory)
     if not found:
         raise MergeError("no <row>.job.json in " + ", ".join(map(str, directories)))
     return found
@@ -60,7 +74,7 @@ def merge(directories: list[Path]) -> dict[str, Any]:
         directory = found[row][1]
         result, log = directory / f"{row.value}.result.json", directory / f"{row.value}.log"
         if result.is_file():
-            outcomes.append(RowOutcome(row, json.loads(result.read_text(encoding="utf-8")), None, log, 0.0))
+            outcomes.append(RowOutcome(row, _read(result), None, log, 0.0))
         else:
             outcomes.append(RowOutcome(row, None, error_from_log(log, None), log, 0.0))
     model = {r: found[r][0]["model"] for r in rows}

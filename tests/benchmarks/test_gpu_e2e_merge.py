@@ -80,3 +80,15 @@ def test_runs_asked_for_different_things_are_not_merged(
     out = tmp_path / "merged.json"
     assert main([str(out), str(tmp_path / "empty")]) == 1 and not out.exists()
     assert "no <row>.job.json in" in capsys.readouterr().err
+
+
+def test_an_unreadable_row_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _write_row(tmp_path / "a", Row.SOURCE_MTP, decode=0.2, accepted=3)
+    (tmp_path / "a" / "source-mtp.result.json").write_text("{cut")
+    out = tmp_path / "merged.json"
+    assert main([str(out), str(tmp_path / "a")]) == 1 and not out.exists()
+    err = capsys.readouterr().err
+    assert err.startswith("Error: ") and "source-mtp.result.json is unreadable" in err
+    (tmp_path / "a" / "source-mtp.job.json").write_text('{"row": "source-mtp"}')
+    with pytest.raises(MergeError, match="has no model, prompts, batches, .*: not a job mtpconv eval wrote"):
+        merge([tmp_path / "a"])
