@@ -21,6 +21,10 @@ export PYTHONPATH="$PWD:/tmp/vsite" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=fals
 # The bundle carries no FlashInfer: vLLM's top-k/top-p sampler (unused by greedy decoding) must not
 # look for it (Model Runner V2 imports FlashInfer's attention backend to ask otherwise).
 export VLLM_USE_FLASHINFER_SAMPLER=0
+# Triton keeps its autotuning results on disk (~/.triton/cache), so each row after the first
+# reuses them: Qwen3-Next's Gated-DeltaNet kernels autotune in vLLM's profiling run (143 s of
+# the first V2 row's start-up). Every row then runs the same kernel configurations.
+export TRITON_CACHE_AUTOTUNING=1
 OUT=${OUT:-/tmp/e2e-out}
 mkdir -p "$OUT" /tmp/e2e
 case $RUNNER in
