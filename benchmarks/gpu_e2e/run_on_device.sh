@@ -44,6 +44,11 @@ esac
 # stock row serves the same variant with the full head.
 HEAD=(--draft-vocab "/tmp/e2e/$SHAPE.ids.pt")
 ENGINE+=(--engine-arg max_model_len=4096)
+# Model Runner V2's kernel warmup (vLLM 0.26) prefills up to max_num_seqs requests after the KV
+# cache is sized, outside vLLM's memory profile: on Qwen3-Next, 2 GiB of Gated-DeltaNet states at
+# once. At vLLM's default utilization the variant-plugin row ran out of memory there (H100,
+# 2026-12-07), so every V2 row of this stage leaves vLLM more room.
+[ "$STAGE.$RUNNER" = next.v2 ] && ENGINE+=(--engine-arg gpu_memory_utilization=0.88)
 for arg in ${ENGINE_ARGS:-}; do ENGINE+=(--engine-arg "$arg"); done
 NAME=$STAGE-$RUNNER${TAG:+-$TAG}
 SRC=/tmp/e2e/$SHAPE-L$LAYERS

@@ -64,6 +64,19 @@ def row_environment(row: Row, base: dict[str, str]) -> dict[str, str]:
 _RAISED = re.compile(r"\b(\w+(?:Error|Exception)): (.+)$")
 # What vLLM's front end raises after its engine process failed: the cause is logged before it.
 _SUMMARIES = ("Engine core initialization failed",)
+# torch's words for a CUDA allocation that failed; what follows them is allocator detail.
+_OUT_OF_MEMORY = re.compile(r"CUDA out of memory\..*? is free\.")
+OUT_OF_MEMORY_HINT = (
+    "the GPU ran out of memory on this row; a lower gpu_memory_utilization or max_num_seqs "
+    "engine argument gives vLLM more room"
+)
+
+
+def _explained(cause: str) -> str:
+    """``cause``, where it is torch's out-of-memory message, cut to its first sentences and
+    followed by what to change."""
+    m = _OUT_OF_MEMORY.search(cause)
+    return f"{cause[: m.end()]} ({OUT_OF_MEMORY_HINT})" if m else cause
 
 
 def error_from_log(log: Path, code: int | None) -> str:
@@ -73,7 +86,7 @@ def error_from_log(log: Path, code: int | None) -> str:
     raised = [m.group(0) for m in (_RAISED.search(ln) for ln in lines) if m]
     causes = [r for r in raised if not any(s in r for s in _SUMMARIES)] or raised
     tail = [ln.strip() for ln in lines if ln.strip()]
-    cause = causes[-1] if causes else (tail[-1] if tail else "no output")
+    cause = _explained(causes[-1]) if causes else (tail[-1] if tail else "no output")
     return cause if code is None else f"exit {code}: {cause}"
 
 

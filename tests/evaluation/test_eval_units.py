@@ -249,6 +249,32 @@ def test_a_failed_row_names_the_cause_not_vllms_summary(tmp_path: Path) -> None:
     assert error_from_log(tmp_path / "no.log", None) == "no output"
 
 
+def test_an_out_of_memory_row_says_what_to_change(tmp_path: Path) -> None:
+    from mtpconv.evaluation.runner import OUT_OF_MEMORY_HINT, error_from_log
+
+    # The variant-plugin row's last words on the H100 (vLLM 0.26.0, Model Runner V2, Qwen3-Next)
+    log = tmp_path / "variant-plugin.log"
+    log.write_text(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+        "capacity of 79.18 GiB of which 916.19 MiB is free. Including non-PyTorch memory, this process "
+        "has 78.28 GiB memory in use. Of the allocated memory 75.17 GiB is allocated by PyTorch, with "
+        "489.00 MiB allocated in private pools (e.g., CUDA Graphs), and 2.17 GiB is reserved by PyTorch "
+        "but unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    )
+    assert error_from_log(log, 1) == (
+        "exit 1: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+        f"capacity of 79.18 GiB of which 916.19 MiB is free. ({OUT_OF_MEMORY_HINT})"
+    )
+    assert "gpu_memory_utilization or max_num_seqs" in OUT_OF_MEMORY_HINT
+    # another error is left as it was
+    log.write_text("RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    assert (
+        error_from_log(log, 1) == "exit 1: RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
+
+
 def _refused_stock_outcomes(vllm_version: str) -> list[RowOutcome]:
     """source-mtp served by ``vllm_version``; the variant's stock row failed at load."""
     served = _outcome(Row.SOURCE_MTP, worker_batch(1, [[1, 2, 3]], 1, 2, 2, 0.5))
