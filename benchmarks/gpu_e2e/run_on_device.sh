@@ -8,9 +8,10 @@
 # v1 / v2 set VLLM_USE_V2_MODEL_RUNNER). ROWS= limits the rows (ROWS=none: no eval). PROFILE=row,row
 # then splits a batch-1 step of each row named (step_profile.py: target, drafter, head, idle) into
 # $OUT/<name>-profile-<row>.json. Writes $OUT/<name>.json (the report; <name> is
-# <stage>-<runner>, then -<tag> where TAG= is set) and $OUT/<name>-logs.tgz (each row's log and
-# result). The checkpoints stay in /tmp/e2e for the next stage on a warm machine. Ends before the device's 600 s call limit
-# (DEADLINE= seconds, default 570): a row still running then is stopped and its log kept.
+# <stage>-<runner>, then -<tag> where TAG= is set), $OUT/<name>-logs.tgz (each row's log and
+# result) and $OUT/triton-autotune.tgz (see TRITON_CACHE_AUTOTUNING below). The checkpoints
+# stay in /tmp/e2e for the next stage on a warm machine. Ends before the device's 600 s call
+# limit (DEADLINE= seconds, default 570): a row still running then is stopped and its log kept.
 # ENGINE_ARGS="k=v k=v" adds engine arguments to every row (for example enforce_eager=true);
 # TAG= names the run in its output files (<stage>-<runner>-<tag>...), so one call can hold several.
 set -uo pipefail
@@ -25,6 +26,13 @@ export VLLM_USE_FLASHINFER_SAMPLER=0
 # reuses them: Qwen3-Next's Gated-DeltaNet kernels autotune in vLLM's profiling run (143 s of
 # the first V2 row's start-up). Every row then runs the same kernel configurations.
 export TRITON_CACHE_AUTOTUNING=1
+# Those results outlive the machine: each stage writes them to $OUT/triton-autotune.tgz, and a
+# copy carried as .gpuv/triton-autotune.tgz seeds a fresh machine's cache (a first row then
+# compiles each kernel's best configuration only). Triton keys them by its version, the GPU
+# and each kernel's source, so results from another card or Triton are never read.
+TRITON_DIR=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+mkdir -p "$TRITON_DIR"
+[ -f .gpuv/triton-autotune.tgz ] && tar xzf .gpuv/triton-autotune.tgz -C "$TRITON_DIR"
 OUT=${OUT:-/tmp/e2e-out}
 mkdir -p "$OUT" /tmp/e2e
 case $RUNNER in
@@ -76,5 +84,6 @@ for row in ${PROFILE:+${PROFILE//,/ }}; do
   grep -A3 "^$row on" "$TMPDIR/profile-$row.log" >&2
 done
 tar czf "$OUT/$NAME-logs.tgz" -C "$TMPDIR" . 2>/dev/null
+(cd "$TRITON_DIR" && find . -name '*.autotune.json' | tar czf "$OUT/triton-autotune.tgz" -T -)
 echo "stage $NAME ended with $rc after $SECONDS s" >&2
 exit $rc
