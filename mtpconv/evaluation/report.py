@@ -9,7 +9,6 @@ prefill, so ``served mean acceptance length = (generated - requests) / drafts``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from mtpconv.evaluation.rows import Row
 from mtpconv.evaluation.runner import RowOutcome
 from mtpconv.quantconfig.standard import stock_vllm_since
+from mtpconv.versions import release
 
 
 @dataclass
@@ -219,12 +219,6 @@ def _add_speedups(rows: list[RowReport]) -> None:
                 b.speedup_vs_no_spec = _speed(b) / no_spec[b.batch]
 
 
-def _release(version: str) -> tuple[int, int] | None:
-    """``"0.26.0"``, ``"0.32.0+cpu"`` -> ``(0, 26)``, ``(0, 32)``; None for what is not a version."""
-    m = re.match(r"(\d+)\.(\d+)", version)
-    return (int(m[1]), int(m[2])) if m else None
-
-
 def explain_stock_refusal(report: EvalReport, declared: Collection[str]) -> None:
     """Say why the stock row failed where the vLLM that served the other rows predates the first
     release that builds the variant's declared FP8 drafter (vLLM's own error names a missing
@@ -233,7 +227,7 @@ def explain_stock_refusal(report: EvalReport, declared: Collection[str]) -> None
     stock = next((r for r in report.rows if r.row is Row.VARIANT_STOCK), None)
     if since is None or stock is None or stock.error is None or report.vllm_version is None:
         return
-    ran, first = _release(report.vllm_version), _release(since)
+    ran, first = release(report.vllm_version), release(since)
     if ran is None or first is None or ran >= first:
         return
     algos = ", ".join(sorted(set(declared)))

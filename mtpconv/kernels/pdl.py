@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from enum import IntEnum
 
 import torch
+
+from mtpconv.versions import release
 
 ENV = "MTPCONV_PDL"
 
@@ -45,12 +46,6 @@ _MODES = {"0": Pdl.OFF, "off": Pdl.OFF, "1": Pdl.EARLY, "early": Pdl.EARLY, "lat
 DEFAULT = Pdl.LATE  # where default_on() holds
 
 
-def _version(text: str | None) -> tuple[int, int] | None:
-    """``"3.6.0+git"`` -> (3, 6); None for None or text that does not start with one."""
-    found = re.match(r"(\d+)\.(\d+)", text or "")
-    return (int(found[1]), int(found[2])) if found else None
-
-
 @functools.lru_cache(maxsize=1)
 def default_on() -> bool:
     """Whether unset means ``late``: Triton >= 3.6 (measured) and CUDA >= 12.4 (PDL edges in
@@ -59,7 +54,7 @@ def default_on() -> bool:
         import triton
     except ImportError:
         return False
-    triton_at, cuda_at = _version(triton.__version__), _version(torch.version.cuda)
+    triton_at, cuda_at = release(triton.__version__), release(torch.version.cuda)
     return triton_at is not None and triton_at >= (3, 6) and cuda_at is not None and cuda_at >= (12, 4)
 
 

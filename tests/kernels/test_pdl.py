@@ -42,13 +42,6 @@ def test_default_needs_triton_and_cuda_versions(monkeypatch: pytest.MonkeyPatch)
     pdl.default_on.cache_clear()
 
 
-def test_versions_read() -> None:
-    assert pdl._version("3.6.0+git1234") == (3, 6)
-    assert pdl._version("13.0") == (13, 0)
-    assert pdl._version(None) is None
-    assert pdl._version("dev") is None
-
-
 def test_modes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pdl, "hopper", lambda index: True)
     for value, want in (
