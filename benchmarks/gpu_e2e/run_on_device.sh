@@ -26,13 +26,20 @@ export VLLM_USE_FLASHINFER_SAMPLER=0
 # reuses them: Qwen3-Next's Gated-DeltaNet kernels autotune in vLLM's profiling run (143 s of
 # the first V2 row's start-up). Every row then runs the same kernel configurations.
 export TRITON_CACHE_AUTOTUNING=1
-# Those results outlive the machine: each stage writes them to $OUT/triton-autotune.tgz, and a
-# copy carried as .gpuv/triton-autotune.tgz seeds a fresh machine's cache (a first row then
-# compiles each kernel's best configuration only). Triton keys them by its version, the GPU
-# and each kernel's source, so results from another card or Triton are never read.
+# Those results outlive the machine: each stage writes them to $OUT/triton-autotune.tgz. A copy
+# committed as benchmarks/gpu_e2e/triton-autotune/<card>.tgz (it travels with every checkout) or
+# carried as .gpuv/triton-autotune.tgz (this session only) seeds a fresh machine's cache: a first
+# row then compiles each kernel's best configuration only. Triton (3.6, runtime/autotuner.py)
+# keys each result by its own version, ptxas's version and the GPU architecture, the kernel's
+# source and the configurations tried: results from another Triton are never read, but the H100
+# and the H200 (both sm_90) read each other's, so every row of a run still runs the same
+# configurations, which need not be that card's best.
 TRITON_DIR=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 mkdir -p "$TRITON_DIR"
-[ -f .gpuv/triton-autotune.tgz ] && tar xzf .gpuv/triton-autotune.tgz -C "$TRITON_DIR"
+for seed in benchmarks/gpu_e2e/triton-autotune/*.tgz .gpuv/triton-autotune.tgz; do
+  [ -f "$seed" ] || continue
+  tar xzf "$seed" -C "$TRITON_DIR"
+done
 OUT=${OUT:-/tmp/e2e-out}
 mkdir -p "$OUT" /tmp/e2e
 case $RUNNER in
