@@ -28,7 +28,6 @@ import torch
 
 from benchmarks.drafter_step import timing
 from benchmarks.drafter_step.model import (
-    DRAFT_VOCAB,
     GLUES,
     L2_SAFE_BYTES,
     SHAPES,
@@ -36,6 +35,7 @@ from benchmarks.drafter_step.model import (
     Routing,
     WeightSet,
     build_weights,
+    dense_shapes,
     step,
     step_bytes,
 )
@@ -149,16 +149,7 @@ def micro(
     per_row: bool = False,
 ) -> list[dict[str, Any]]:
     """Per-linear times at one model's shapes, weight copies rotated past L2."""
-    s = SHAPES[shape_key]
-    h = s.hidden
-    shapes = {
-        "fc": (h, 2 * h),
-        "qkv": (s.q_out + 2 * s.kv_out, h),
-        "o": (h, s.o_in),
-        "gate_up": (2 * s.intermediate, h),
-        "down": (h, s.intermediate),
-        "head32k": (DRAFT_VOCAB, h),
-    }
+    shapes = dense_shapes(SHAPES[shape_key])
     out: list[dict[str, Any]] = []
     gen = torch.Generator(device=dev).manual_seed(0)
     for name, (n, k) in shapes.items():

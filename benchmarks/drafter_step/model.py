@@ -42,6 +42,7 @@ class Shape:
     top_k: int = 0
     moe_intermediate: int = 0
     shared_intermediate: int = 0
+    fc_bf16: bool = False  # the drafter's fc stays BF16 in the variant (MiMo's input_proj)
 
 
 SHAPES = {
@@ -75,6 +76,10 @@ SHAPES = {
         moe_intermediate=512,
         shared_intermediate=512,
     ),
+    # MiMo-7B: hidden 4096, 32 q heads / 8 kv heads x 128, MLP 11008, vocab 151,680. Its
+    # input_proj stays a BF16 nn.Linear under the plugin (mtpconv/vllm_plugin/mimo.py); the
+    # qkv bias is left out (an epilogue add, no weight bytes).
+    "mimo-7b": Shape("MiMo-7B", 4096, 151_680, 4096, 1024, 4096, intermediate=11008, fc_bf16=True),
 }
 
 
@@ -294,8 +299,11 @@ def step(
         return Fp8Rows(*producers.quant_act(x)) if fp8(nxt) else act(x)
 
     head = ws.head_full if full_head else ws.head_draft
-    x: Any = Fp8Rows(*producers.quant_cat(emb, hid)) if fp8(ws.fc) else torch.cat((emb, hid), dim=-1)
-    h = lin(x, ws.fc)
+    if s.fc_bf16:
+        h = F.linear(torch.cat((emb, hid), dim=-1), ws.fc.bf16)
+    else:
+        x: Any = Fp8Rows(*producers.quant_cat(emb, hid)) if fp8(ws.fc) else torch.cat((emb, hid), dim=-1)
+        h = lin(x, ws.fc)
     qkv = lin(h, ws.qkv)
     attn = qkv[:, : s.o_in]  # stands in for attention output (same bytes, no KV cache)
     mlp_input = ws.gate_up if s.experts == 0 else ws.shared_gate_up
@@ -391,7 +399,8 @@ def step_bytes(s: Shape, ws: WeightSet, fp8: bool, full_head: bool, distinct: in
     def lb(w: Linear) -> int:
         return w.fp8.numel() if fp8 else 2 * w.bf16.numel()
 
-    total = lb(ws.fc) + lb(ws.qkv) + lb(ws.o) + lb(ws.head_full if full_head else ws.head_draft)
+    fc = 2 * ws.fc.bf16.numel() if s.fc_bf16 else lb(ws.fc)
+    total = fc + lb(ws.qkv) + lb(ws.o) + lb(ws.head_full if full_head else ws.head_draft)
     if s.experts == 0:
         assert ws.gate_up is not None and ws.down is not None
         total += lb(ws.gate_up) + lb(ws.down)
@@ -408,7 +417,8 @@ def step_bytes(s: Shape, ws: WeightSet, fp8: bool, full_head: bool, distinct: in
 def dense_shapes(s: Shape) -> dict[str, tuple[int, int]]:
     """The FP8 dense linears of one drafter step: name -> (N, K)."""
     h = s.hidden
-    out = {"fc": (h, 2 * h), "qkv": (s.q_out + 2 * s.kv_out, h), "o": (h, s.o_in)}
+    out = {} if s.fc_bf16 else {"fc": (h, 2 * h)}
+    out |= {"qkv": (s.q_out + 2 * s.kv_out, h), "o": (h, s.o_in)}
     if s.experts == 0:
         out |= {"gate_up": (2 * s.intermediate, h), "down": (h, s.intermediate)}
     else:

@@ -59,6 +59,36 @@ def test_bad_variants_end_in_a_usage_error_before_any_output(
     assert not out.exists()
 
 
+def test_mimo_shapes_are_those_its_cuda_kernel_test_covers_without_the_bf16_input_proj() -> None:
+    from tests.kernels.test_linear_drafter_shapes_cuda import SHAPES as MIMO_CUDA
+
+    shapes = model.dense_shapes(model.SHAPES["mimo-7b"])
+    assert "fc" not in shapes  # the plugin keeps MiMo's input_proj a BF16 nn.Linear
+    assert {k: v for k, v in shapes.items() if k != "head32k"} == MIMO_CUDA
+    assert shapes["head32k"] == (model.DRAFT_VOCAB, 4096)
+
+
+def test_a_bf16_fc_is_read_and_counted_in_bf16_by_the_fp8_step() -> None:
+    tiny = model.Shape("tiny-dense", 64, 40_000, 64, 16, 64, intermediate=96, fc_bf16=True)
+    dev = torch.device("cpu")
+    ws = model.build_weights(tiny, dev, seed=0, head_full=None)
+    seen: list[model.Linear] = []
+
+    def lin(x: torch.Tensor, w: model.Linear) -> torch.Tensor:
+        seen.append(w)
+        return torch.nn.functional.linear(x, w.bf16)
+
+    emb, hid = (torch.randn(2, tiny.hidden).to(torch.bfloat16) for _ in range(2))
+    logits, _ = model.step(tiny, ws, emb, hid, lin, None, False, glue="torch")
+    assert logits.shape == (2, model.DRAFT_VOCAB)
+    ids = {id(w) for w in seen}  # identity: a Linear's == compares tensors
+    assert id(ws.fc) not in ids and {id(ws.qkv), id(ws.o), id(ws.head_draft)} <= ids
+    fp8 = model.step_bytes(tiny, ws, True, full_head=False, distinct=0)
+    bf16 = model.step_bytes(tiny, ws, False, full_head=False, distinct=0)
+    fc = 2 * tiny.hidden * 2 * tiny.hidden
+    assert bf16 - fc == 2 * (fp8 - fc)
+
+
 # A small MoE drafter: the step's kernels at sizes that build in a moment.
 TINY_MOE = model.Shape("tiny-moe", 1024, 4096, 2048, 256, 1024, experts=64, top_k=4,
                     moe_intermediate=256, shared_intermediate=256)  # fmt: skip
